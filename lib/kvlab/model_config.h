@@ -1,0 +1,63 @@
+// Hyperparameters of a Llama-family model (llama, mistral, qwen2; SmolLM2 is a llama), read from a
+// Hugging Face `config.json` or from GGUF metadata (`<arch>.*` keys). Names follow the kvlab
+// vocabulary: n_layers, n_q_heads, n_kv_heads, head_dim.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvlab {
+
+// RoPE frequency scaling. kind: "none", "linear" (inv_freq / factor) or "llama3" (Llama 3.1's
+// piecewise rule over wavelengths, HF `_compute_llama3_parameters`).
+struct RopeScaling {
+  std::string kind = "none";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                       // llama3 only
+  double high_freq_factor = 4.0;                      // llama3 only
+  int64_t original_max_position_embeddings = 8192;    // llama3 only
+  nlohmann::json to_json() const;  // null for "none"; the HF object otherwise
+};
+
+struct ModelConfig {
+  std::string architecture;        // "llama", "mistral", "qwen2"
+  int64_t hidden_size = 0;
+  int64_t n_layers = 0;
+  int64_t n_q_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;            // explicit in the config or hidden_size / n_q_heads
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;           // q/k/v projections carry a bias (qwen2; llama attention_bias)
+  bool o_bias = false;             // o_proj carries a bias (llama attention_bias)
+  int64_t sliding_window = 0;      // mistral; 0 = none. Recorded only: forward is full attention.
+  int64_t bos_token_id = -1;       // -1 = none
+  std::vector<int64_t> eos_token_ids;
+
+  int64_t group_size() const { return n_q_heads / n_kv_heads; }  // query heads per KV head
+  // Throws kvlab::Error naming `source` if a field is missing or inconsistent.
+  void validate(const std::string& source) const;
+  nlohmann::json to_json() const;
+};
+
+// Architectures the forward pass supports, for error messages.
+const std::vector<std::string>& supported_architectures();
+
+// From a parsed HF config.json; `source` (the file path) goes into error messages.
+ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& source);
+ModelConfig load_hf_config(const std::string& config_json_path);
+
+// From GGUF metadata given as a JSON object key -> value (scalars and strings; arrays may be left
+// out). `n_vocab_fallback` is used when `<arch>.vocab_size` is absent (token_embd rows).
+ModelConfig model_config_from_gguf(const nlohmann::json& metadata, const std::string& source,
+                                   int64_t n_vocab_fallback = 0);
+
+}  // namespace kvlab
