@@ -1,0 +1,264 @@
+// The Llama-family forward pass against references:
+//   * stories260K greedy decode == ../shared/models/stories260K/reference_greedy.json (exact ids)
+//   * decode with the KV cache == full recompute (float64)
+//   * causal_gqa_attention == kvlab::attention() reference (odd sizes, GQA, causal offset)
+//   * RoPE inv_freq (llama3, linear scaling) == transformers' (tests/fixtures/rope/inv_freq.json)
+//   * SmolLM2-135M-Instruct Q4_1 GGUF == transformers on the same GGUF (tests/fixtures/smollm2_golden,
+//     made by data_scripts/make_smollm2_golden.py): logits max abs diff <= 1e-3, same argmax at
+//     every position, q/k/v of layers 0 and 29 relative L2 error <= 1e-4.
+#include "kvlab/attention.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/model.h"
+#include "kvlab/safetensors.h"
+#include "test_util.h"
+
+#include <c10/core/InferenceMode.h>
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+namespace fs = std::filesystem;
+using namespace kvlab;
+
+namespace {
+
+std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
+
+// ||a - b|| / ||b|| in double.
+double rel_l2(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+  return ((ad - bd).norm() / bd.norm().clamp_min(1e-300)).item<double>();
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// Records every tapped layer's q/k/v (cloned).
+struct RecordTap : QkvTap {
+  std::vector<int> layers;
+  std::map<int, std::array<at::Tensor, 3>> got;
+  bool wants(int layer) const override {
+    return layers.empty() || std::find(layers.begin(), layers.end(), layer) != layers.end();
+  }
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+    got[layer] = {q.clone(), k.clone(), v.clone()};
+  }
+};
+
+std::string smollm2_gguf() {
+  const char* models = std::getenv("KVLAB_MODELS");
+  fs::path dir = fs::path(models && *models ? models : std::string(KVLAB_SOURCE_DIR) + "/models") /
+                 "smollm2-135m";
+  if (!fs::is_directory(dir)) return "";
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".gguf") return e.path().string();
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("stories260K greedy decode matches reference_greedy.json exactly") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: " << stories_dir() << " not found (set KVLAB_SHARED)");
+    return;
+  }
+  nlohmann::json ref = read_json_file(stories_dir() + "/reference_greedy.json");
+  const auto prompt = ref["prompt_ids"].get<std::vector<int64_t>>();
+  const auto expected = ref["greedy_ids"].get<std::vector<int64_t>>();  // prompt + 60 new ids
+  Model m = load_model(stories_dir());
+  CHECK(m.config.n_layers == 5);
+  CHECK(m.config.n_q_heads == 8);
+  CHECK(m.config.n_kv_heads == 4);
+  CHECK(m.config.head_dim == 8);
+  ExactAttention attn(m.config.n_layers);
+  GenerateOptions go;
+  go.max_new_tokens = static_cast<int64_t>(expected.size() - prompt.size());
+  go.stop_at_eos = false;
+  std::vector<int64_t> got = prompt;
+  for (int64_t id : generate_greedy(m, prompt, attn, go)) got.push_back(id);
+  CHECK(got == expected);
+}
+
+TEST_CASE("decode with the KV cache equals full recompute (float64)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: " << stories_dir() << " not found");
+    return;
+  }
+  c10::InferenceMode guard;
+  ModelLoadOptions lo;
+  lo.dtype = at::kDouble;
+  Model m = load_model(stories_dir(), lo);
+  // An odd-length prompt, then 9 decode steps feeding arbitrary (not greedy) tokens.
+  std::vector<int64_t> seq = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421};
+  const int64_t n_prompt = 7;
+  ExactAttention cached(m.config.n_layers, /*query_block=*/3);
+  at::Tensor all = at::tensor(seq, at::kLong);  // [13]
+  forward(m, all.narrow(0, 0, n_prompt), 0, cached);
+  ExactAttention fresh(m.config.n_layers);
+  ForwardOptions fo;
+  fo.all_logits = true;
+  at::Tensor full = forward(m, all, 0, fresh, fo);  // [13, vocab] float64
+  REQUIRE((full.scalar_type() == at::kDouble));
+  double worst = 0;
+  for (int64_t p = n_prompt; p < static_cast<int64_t>(seq.size()); ++p) {
+    at::Tensor step = forward(m, all.narrow(0, p, 1), p, cached);  // [1, vocab]
+    worst = std::max(worst, max_abs(step[0], full[p]));
+  }
+  MESSAGE("cache vs recompute max abs logit diff = " << worst);
+  CHECK(worst < 1e-10);
+  CHECK(cached.n_cached(0) == static_cast<int64_t>(seq.size()));
+}
+
+TEST_CASE("causal_gqa_attention matches kvlab::attention with query_pos") {
+  c10::InferenceMode guard;
+  at::manual_seed(7);
+  struct Case { int64_t hq, hkv, T, pos0, d, block; };
+  for (Case c : {Case{4, 2, 65, 0, 16, 16}, Case{9, 3, 127, 0, 8, 0}, Case{6, 2, 1, 64, 16, 256},
+                 Case{8, 8, 33, 31, 8, 5}, Case{4, 1, 17, 100, 32, 4}}) {
+    CAPTURE(c.hq); CAPTURE(c.hkv); CAPTURE(c.T); CAPTURE(c.pos0); CAPTURE(c.block);
+    const int64_t n = c.pos0 + c.T;
+    at::Tensor q = at::randn({c.hq, c.T, c.d}, at::kDouble);   // [Hq, T, d]
+    at::Tensor k = at::randn({c.hkv, n, c.d}, at::kDouble);    // [Hkv, n, d]
+    at::Tensor v = at::randn({c.hkv, n, c.d}, at::kDouble);    // [Hkv, n, d]
+    at::Tensor got = causal_gqa_attention(q, k, v, c.pos0, c.block);
+    KVSet kv;
+    kv.keys = k;
+    kv.values = v;
+    kv.pos = at::arange(n, at::kLong);
+    AttentionOptions ao;
+    ao.query_pos = at::arange(c.pos0, n, at::kLong);
+    at::Tensor ref = attention(q, kv, nullptr, ao);
+    CHECK(max_abs(got, ref) < 1e-12);
+    at::Tensor ref2 = exact_attention(q, k, v, true);  // queries are the last T of n
+    CHECK(max_abs(got, ref2) < 1e-12);
+  }
+}
+
+TEST_CASE("RoPE inv_freq with llama3 and linear scaling matches transformers") {
+  const std::string path = test::fixtures_dir() + "/rope/inv_freq.json";
+  REQUIRE(fs::exists(path));
+  nlohmann::json j = read_json_file(path);
+  for (const auto& c : j["cases"]) {
+    CAPTURE(c["name"].get<std::string>());
+    ModelConfig cfg = model_config_from_hf(c["config"], path);
+    at::Tensor got = rope_inv_freq(cfg);  // [64]
+    at::Tensor ref = at::tensor(c["inv_freq"].get<std::vector<double>>(), at::kDouble);
+    REQUIRE(got.numel() == ref.numel());
+    CHECK(test::max_rel_diff(got, ref) < 1e-6);
+  }
+}
+
+TEST_CASE("model_config: architectures, defaults and errors") {
+  nlohmann::json base = {{"model_type", "qwen2"},     {"hidden_size", 64},
+                         {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2},  {"intermediate_size", 96},
+                         {"vocab_size", 100},         {"eos_token_id", {5, 6}}};
+  ModelConfig c = model_config_from_hf(base, "cfg.json");
+  CHECK(c.qkv_bias);
+  CHECK_FALSE(c.o_bias);
+  CHECK(c.head_dim == 16);
+  CHECK(c.eos_token_ids == std::vector<int64_t>{5, 6});
+  nlohmann::json explicit_hd = base;
+  explicit_hd["model_type"] = "llama";
+  explicit_hd["head_dim"] = 32;
+  explicit_hd["attention_bias"] = true;
+  c = model_config_from_hf(explicit_hd, "cfg.json");
+  CHECK(c.head_dim == 32);
+  CHECK(c.qkv_bias);
+  CHECK(c.o_bias);
+  nlohmann::json bad = base;
+  bad["model_type"] = "gpt_neox";
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                       doctest::Contains("model_type 'gpt_neox' is not supported"), Error);
+  bad = base;
+  bad["rope_scaling"] = {{"type", "yarn"}, {"factor", 2.0}};
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                       doctest::Contains("rope_scaling type 'yarn' is not supported"), Error);
+  bad = base;
+  bad["num_key_value_heads"] = 3;
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                       doctest::Contains("multiple of n_kv_heads=3"), Error);
+  nlohmann::json md = {{"general.architecture", "phi3"}};
+  CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf"),
+                       doctest::Contains("'phi3' is not supported"), Error);
+  CHECK_THROWS_WITH_AS(resolve_model("no-such-model"),
+                       doctest::Contains("not a known name (smollm2-135m, stories260k)"), Error);
+  CHECK_THROWS_WITH_AS(parse_compute_dtype("int8"), doctest::Contains("--dtype 'int8'"), Error);
+}
+
+// Skipped in the default (unit) run; CTest test `test_model_smollm2` (label `model`) runs it with
+// --no-skip. Needs the GGUF from data_scripts/get_smollm2.sh.
+TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip() *
+          doctest::timeout(600)) {
+  const std::string gguf = smollm2_gguf();
+  if (gguf.empty()) {
+    MESSAGE("skipped: no SmolLM2 GGUF under models/smollm2-135m (run data_scripts/get_smollm2.sh)");
+    return;
+  }
+  const std::string dir = test::fixtures_dir() + "/smollm2_golden";
+  nlohmann::json meta = read_json_file(dir + "/golden.json");
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  auto gt = [&](const std::string& name) {
+    const TensorView* v = golden.find(name);
+    REQUIRE_MESSAGE(v != nullptr, "golden.safetensors lacks " << name);
+    return tensor_from_view(*v, at::kFloat);
+  };
+  c10::InferenceMode guard;
+  Model m = load_model(gguf);
+  REQUIRE(m.config.n_layers == 30);
+  REQUIRE(m.config.n_q_heads == meta["n_q_heads"].get<int64_t>());
+  REQUIRE(m.config.n_kv_heads == meta["n_kv_heads"].get<int64_t>());
+  REQUIRE(m.config.head_dim == meta["head_dim"].get<int64_t>());
+
+  const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+  const int64_t T = static_cast<int64_t>(ids.size());
+  REQUIRE(T >= 200);
+  RecordTap tap;
+  tap.layers = meta["layers"].get<std::vector<int>>();
+  ExactAttention attn(m.config.n_layers);
+  ForwardOptions fo;
+  fo.all_logits = true;
+  fo.tap = &tap;
+  at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
+
+  // Argmax at every position.
+  const auto argmax = meta["argmax"].get<std::vector<int64_t>>();
+  at::Tensor ours = logits.argmax(-1);  // [T]
+  int64_t n_diff = 0;
+  for (int64_t t = 0; t < T; ++t) n_diff += ours[t].item<int64_t>() != argmax[t];
+  CHECK_MESSAGE(n_diff == 0, n_diff << " of " << T << " positions have a different argmax");
+
+  // Top-k logits at every position, full logits of the tail.
+  const int64_t topk = meta["topk"].get<int64_t>();
+  std::vector<int64_t> flat;
+  for (const auto& row : meta["topk_ids"]) for (int64_t id : row) flat.push_back(id);
+  at::Tensor idx = at::tensor(flat, at::kLong).view({T, topk});   // [T, topk]
+  const double d_topk = max_abs(logits.gather(1, idx), gt("topk_logits"));
+  const int64_t n_tail = meta["n_tail"].get<int64_t>();
+  const double d_tail = max_abs(logits.narrow(0, T - n_tail, n_tail), gt("logits_tail"));
+  MESSAGE("SmolLM2 logits: max abs diff top-" << topk << " (all positions) = " << d_topk
+          << ", full vocab (last " << n_tail << ") = " << d_tail);
+  CHECK(d_topk <= 1e-3);
+  CHECK(d_tail <= 1e-3);
+
+  // q/k/v at the sliced positions.
+  at::Tensor pos = at::tensor(meta["positions"].get<std::vector<int64_t>>(), at::kLong);
+  for (int layer : tap.layers) {
+    REQUIRE(tap.got.count(layer));
+    const auto& qkv = tap.got[layer];
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      const std::string key = fmt::format("layer_{:02d}_{}", layer, names[i]);
+      at::Tensor ref = gt(key);                    // [H, n_pos, d]
+      at::Tensor got = qkv[i].index_select(1, pos);  // [H, n_pos, d]
+      REQUIRE(got.sizes().vec() == ref.sizes().vec());
+      const double err = rel_l2(got, ref);
+      MESSAGE(key << ": relative L2 error = " << err << ", max abs = " << max_abs(got, ref));
+      CHECK(err <= 1e-4);
+    }
+  }
+}
