@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Short fuzzing run (the test-suite one): builds the libFuzzer targets with clang in build-fuzz/
+# and runs each for FUZZ_SECONDS (default 20) from the committed seed corpus fuzz/corpus/<name>/.
+# Usage: fuzz/run_short.sh [fuzzer names...]      (default: every fuzz_* target below)
+# Exit status is non-zero if a fuzzer finds a crash, a sanitizer report or a non-kvlab exception;
+# the reproducer is written to build-fuzz/artifacts/<name>/. See fuzz/README.md for the long run.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${KVLAB_FUZZ_BUILD:-$repo/build-fuzz}"
+seconds="${FUZZ_SECONDS:-20}"
+fuzzers=("$@")
+if [[ ${#fuzzers[@]} -eq 0 ]]; then
+  mapfile -t fuzzers < <(sed -n 's/^kvlab_fuzzer(\(fuzz_[a-z0-9_]*\) .*/\1/p' "$repo/fuzz/CMakeLists.txt")
+fi
+
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S "$repo/fuzz" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" >/dev/null
+fi
+cmake --build "$build" --target "${fuzzers[@]}" -j "${FUZZ_JOBS:-2}"
+
+# libtorch allocates a few objects at start-up that it never frees; leaks are not what we hunt.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
+status=0
+for f in "${fuzzers[@]}"; do
+  work="$build/corpus/$f"            # grows; the committed seeds stay untouched
+  art="$build/artifacts/$f/"
+  mkdir -p "$work" "$art"
+  seeds="$repo/fuzz/corpus/$f"
+  dict=()
+  [[ -f "$repo/fuzz/$f.dict" ]] && dict=(-dict="$repo/fuzz/$f.dict")
+  echo "[fuzz] $f for ${seconds}s" >&2
+  if ! "$build/$f" "$work" "$seeds" "${dict[@]}" -max_total_time="$seconds" -max_len=65536 \
+       -rss_limit_mb=4096 -artifact_prefix="$art" -print_final_stats=1 2>"$build/$f.log"; then
+    echo "[fuzz] $f FAILED; see $build/$f.log and $art" >&2
+    tail -n 40 "$build/$f.log" >&2
+    status=1
+  else
+    grep -E "stat::number_of_executed_units|cov:" "$build/$f.log" | tail -n 2 >&2 || true
+  fi
+done
+exit $status
