@@ -1,0 +1,94 @@
+// Query-side helpers shared by the score-based selection methods (h2o, snapkv, pyramidkv, cam):
+// which queries a method looks at, where they sit, and the attention they put on the region.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvlab/check.h"
+#include "kvlab/compress/compressor.h"
+
+namespace kvlab::detail {
+
+// Absolute positions of kv.queries -> [n_obs] int64. When the caller gave none, the queries are
+// taken to be the last n_obs positions of the region (the convention of exact_attention); when
+// there are more queries than region tokens they stay undefined (no causal mask).
+inline at::Tensor query_positions(const LayerKV& kv) {
+  if (kv.query_pos.defined()) return kv.query_pos;
+  const int64_t n_obs = kv.queries.defined() ? kv.queries.size(1) : 0, n = kv.n_tokens();
+  if (n_obs > n) return {};
+  return at::arange(kv.pos0 + n - n_obs, kv.pos0 + n, kv.keys.options().dtype(at::kLong));
+}
+
+// The same region seen by only the last `w` queries (all when w < 0 or w >= n_obs).
+inline LayerKV last_queries(const LayerKV& kv, int64_t w) {
+  LayerKV out = kv;
+  out.query_pos = query_positions(kv);
+  const int64_t n_obs = kv.queries.size(1);
+  if (w < 0 || w >= n_obs) return out;
+  out.queries = kv.queries.narrow(1, n_obs - w, w);                      // [Hq, w, d]
+  if (out.query_pos.defined()) out.query_pos = out.query_pos.narrow(0, n_obs - w, w);  // [w]
+  return out;
+}
+
+inline void require_queries(const LayerKV& kv, const std::string& method) {
+  KVLAB_CHECK(kv.queries.defined() && kv.queries.dim() == 3 && kv.queries.size(1) > 0,
+              "{}: scores keys with queries, but the region came with none (capture queries, or "
+              "choose a method that needs none)",
+              method);
+  KVLAB_CHECK(kv.queries.size(0) % kv.n_kv_heads() == 0,
+              "{}: n_q_heads={} is not a multiple of n_kv_heads={}", method, kv.queries.size(0),
+              kv.n_kv_heads());
+}
+
+// Post-softmax attention of every query of `kv` (causal against its positions), reduced over each
+// KV group's query heads by `reduce`, summed over the queries in double:
+// -> [n_kv_heads, n] float64.
+inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce) {
+  auto p = group_attention_probs(kv, reduce);                            // [Hkv, n_obs, n]
+  return p.to(at::kDouble).sum(1);                                       // [Hkv, n]
+}
+
+// For each region key, how many of kv's queries may attend to it (position <= query position).
+// -> [n] float64
+inline at::Tensor queries_seeing(const LayerKV& kv) {
+  const int64_t n = kv.n_tokens(), n_obs = kv.queries.size(1);
+  if (!kv.query_pos.defined()) return at::full({n}, static_cast<double>(n_obs), at::kDouble);
+  auto kp = at::arange(kv.pos0, kv.pos0 + n, at::TensorOptions().dtype(at::kLong));  // [n]
+  auto qp = kv.query_pos.to(at::kCPU).to(at::kLong).view({1, n_obs});                // [1, n_obs]
+  return (kp.view({n, 1}) <= qp).sum(1).to(at::kDouble);
+}
+
+// Indices of the `k` largest scores, ties to the lower index, returned ascending.
+// scores: n values.
+inline std::vector<int64_t> top_k_indices(const double* scores, int64_t n, int64_t k) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[i] = i;
+  k = std::max<int64_t>(0, std::min(k, n));
+  auto better = [scores](int64_t a, int64_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  };
+  std::nth_element(idx.begin(), idx.begin() + k, idx.end(), better);
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// Per-head index lists (each ascending, possibly of different lengths) -> [n_kv_heads, max_len]
+// int64, short rows padded with -1 (gather_kept turns those into bias -inf).
+inline at::Tensor pad_index_rows(const std::vector<std::vector<int64_t>>& rows) {
+  size_t m = 0;
+  for (const auto& r : rows) m = std::max(m, r.size());
+  auto out = at::full({static_cast<int64_t>(rows.size()), static_cast<int64_t>(m)}, -1,
+                      at::TensorOptions().dtype(at::kLong));
+  auto a = out.accessor<int64_t, 2>();
+  for (size_t h = 0; h < rows.size(); ++h)
+    for (size_t j = 0; j < rows[h].size(); ++j) a[h][j] = rows[h][j];
+  return out;
+}
+
+}  // namespace kvlab::detail

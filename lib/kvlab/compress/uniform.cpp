@@ -1,0 +1,179 @@
+// uniform, uniform-halving — the random-subset baselines of BalanceKV's single-layer study.
+//
+// Paper: Insu Han, Michael Kapralov, Ekaterina Kochetkova, Kshiteej Sheth, Amir Zandieh,
+//   "BalanceKV: KV Cache Compression through Discrepancy Theory", arXiv:2502.07861, §4.1
+//   ("independent uniform sampling ... sampling a 2^{-T} fraction of key and value embeddings
+//   uniformly at random"); official code ksheth96/BalanceKV (src/single_layer_approx.ipynb runs
+//   the same balanced walk with gamma = 0 as its uniform baseline).
+//
+// Summary. `uniform` keeps a uniformly random subset of `budget` tokens of the region, chosen
+// independently per KV head, and gives each kept entry the bias log(n / budget) = log(1/ratio):
+// each kept token stands for 1/ratio tokens, so the numerator and the denominator of softmax
+// attention are unbiased estimates of their full-cache values. `uniform-halving` reaches the
+// budget by T rounds, each keeping exactly ⌊m/2⌋ of the m survivors, bias T·log 2 — the shape of
+// BalanceKV's estimator without its discrepancy-minimising signs. Default `selection=signs`
+// follows the release: random ±1 signs (the first token +1, the rest fair coins) and BalanceKV's
+// keep rule (c± = first index where the count of ±1 reaches ⌊m/2⌋, c = max(c−, c+); keep the
+// minority sign before c, then fill from the tokens after c in order); `selection=permutation`
+// keeps a uniformly random half instead.
+//
+// Parameters:
+//   uniform:          reweight [true]  bias log(n/budget) on every entry (false: bias 0)
+//   uniform-halving:  selection [signs] signs | permutation
+//
+// Deviations:
+//   - uniform-halving: when the call gives a budget instead of `halvings`, T is the smallest
+//     number of halvings with ⌊n/2^T⌋ <= budget (never over the budget; up to half of it under).
+//   - uniform-halving stops early when one token is left (⌊1/2⌋ = 0 would empty the head); its bias
+//     is then log 2 times the rounds actually done.
+//   - The release weights tokens kept from after c by ×1 and the minority before c by ×2; as
+//     METHODS.md §3 specifies, every entry here carries the uniform bias T·log 2.
+//   - Randomness: a std::mt19937_64 seeded with opt.seed, one stream over heads in order (the
+//     release's torch.Generator stream is not reproduced).
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvlab/check.h"
+#include "kvlab/compress/methods.h"
+#include "kvlab/compress/query_scores.h"
+
+namespace kvlab {
+namespace {
+
+// A uniform double in [0, 1) from 53 random bits (portable, unlike std::uniform_real_distribution).
+double unit_uniform(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
+
+// k distinct indices of [0, n) uniformly at random, ascending (partial Fisher–Yates).
+std::vector<int64_t> random_subset(int64_t n, int64_t k, std::mt19937_64& gen) {
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t j = i + static_cast<int64_t>(gen() % static_cast<uint64_t>(n - i));
+    std::swap(idx[i], idx[j]);
+  }
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+class Uniform final : public Compressor {
+ public:
+  explicit Uniform(Params p) {
+    reweight_ = p.get_bool("reweight", true);
+    params_ = p.effective();
+    p.finish();
+  }
+  std::string name() const override { return "uniform"; }
+  nlohmann::json params() const override { return params_; }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    const int64_t b = resolve_budget(opt, n);
+    if (b >= n) return keep_all(kv);
+    std::mt19937_64 gen(opt.seed);
+    std::vector<std::vector<int64_t>> rows;
+    for (int64_t h = 0; h < h_kv; ++h) rows.push_back(random_subset(n, b, gen));
+    auto idx = detail::pad_index_rows(rows).to(kv.keys.device());        // [Hkv, b]
+    CompressedKV out = gather_kept(kv, idx);
+    if (reweight_) out.bias.fill_(std::log(static_cast<double>(n) / static_cast<double>(b)));
+    return out;
+  }
+
+ private:
+  bool reweight_ = true;
+  nlohmann::json params_;
+};
+
+// One halving round over m survivors with the release's sign rule: positions (0..m-1) of the
+// ⌊m/2⌋ tokens kept, ascending.
+std::vector<int64_t> halve_by_signs(int64_t m, std::mt19937_64& gen) {
+  const int64_t half = m / 2;
+  std::vector<int> sign(static_cast<size_t>(m));
+  sign[0] = 1;
+  for (int64_t i = 1; i < m; ++i) sign[i] = unit_uniform(gen) < 0.5 ? 1 : -1;
+  // c± = first index where the running count of ±1 reaches half (0 if it never does, as
+  // torch.argmax of an all-false mask gives in the release).
+  int64_t c_pos = 0, c_neg = 0, n_pos = 0, n_neg = 0;
+  bool got_pos = false, got_neg = false;
+  for (int64_t i = 0; i < m; ++i) {
+    (sign[i] > 0 ? n_pos : n_neg) += 1;
+    if (!got_pos && n_pos == half) c_pos = i, got_pos = true;
+    if (!got_neg && n_neg == half) c_neg = i, got_neg = true;
+  }
+  const int64_t c = std::max(c_pos, c_neg);
+  // Weights: +2 for the sign opposite to sign[c] at or before c, -2 for sign[c]'s, +1 after c;
+  // keep the first `half` by descending weight, stable.
+  std::vector<int64_t> keep;
+  keep.reserve(static_cast<size_t>(half));
+  for (int64_t i = 0; i <= c && static_cast<int64_t>(keep.size()) < half; ++i)
+    if (sign[i] != sign[c]) keep.push_back(i);
+  for (int64_t i = c + 1; i < m && static_cast<int64_t>(keep.size()) < half; ++i) keep.push_back(i);
+  for (int64_t i = 0; i <= c && static_cast<int64_t>(keep.size()) < half; ++i)
+    if (sign[i] == sign[c]) keep.push_back(i);
+  std::sort(keep.begin(), keep.end());
+  return keep;
+}
+
+class UniformHalving final : public Compressor {
+ public:
+  explicit UniformHalving(Params p) {
+    selection_ = p.get_string("selection", "signs", {"signs", "permutation"});
+    params_ = p.effective();
+    p.finish();
+  }
+  std::string name() const override { return "uniform-halving"; }
+  nlohmann::json params() const override { return params_; }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    int halvings = opt.halvings;
+    if (halvings < 0) {
+      const int64_t b = resolve_budget(opt, n);
+      halvings = 0;
+      while ((n >> halvings) > b) ++halvings;
+    }
+    if (halvings == 0 || n < 2) return keep_all(kv);
+    std::mt19937_64 gen(opt.seed);
+    std::vector<std::vector<int64_t>> rows;
+    int rounds = 0;
+    for (int64_t h = 0; h < h_kv; ++h) {
+      std::vector<int64_t> alive(static_cast<size_t>(n));                // region indices
+      std::iota(alive.begin(), alive.end(), 0);
+      rounds = 0;
+      for (int t = 0; t < halvings && alive.size() >= 2; ++t, ++rounds) {
+        const int64_t m = static_cast<int64_t>(alive.size());
+        std::vector<int64_t> pick = selection_ == "signs" ? halve_by_signs(m, gen)
+                                                          : random_subset(m, m / 2, gen);
+        std::vector<int64_t> next;
+        next.reserve(pick.size());
+        for (int64_t j : pick) next.push_back(alive[j]);
+        alive.swap(next);
+      }
+      rows.push_back(std::move(alive));
+    }
+    auto idx = detail::pad_index_rows(rows).to(kv.keys.device());        // [Hkv, ⌊n/2^T⌋]
+    CompressedKV out = gather_kept(kv, idx);
+    out.bias.fill_(rounds * std::log(2.0));
+    return out;
+  }
+
+ private:
+  std::string selection_;
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_uniform(const nlohmann::json& params) {
+  return std::make_unique<Uniform>(Params(params, "uniform"));
+}
+
+std::unique_ptr<Compressor> make_uniform_halving(const nlohmann::json& params) {
+  return std::make_unique<UniformHalving>(Params(params, "uniform-halving"));
+}
+
+}  // namespace kvlab
