@@ -102,13 +102,23 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
 
   const char* json_begin = reinterpret_cast<const char*>(data + 8);
   nlohmann::json header;
+  // nlohmann/json keeps the last of duplicate keys; a tensor listed twice must be an error instead.
+  std::set<std::string> top_keys;
+  std::string duplicate;
+  auto on_event = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
+        !top_keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    header = nlohmann::json::parse(json_begin, json_begin + header_len);
+    header = nlohmann::json::parse(json_begin, json_begin + header_len, on_event);
   } catch (const nlohmann::json::exception& e) {
     KVLAB_FAIL("{}: safetensors header is not valid JSON: {}", source, e.what());
   }
   KVLAB_CHECK(header.is_object(), "{}: safetensors header must be a JSON object, found {}", source,
               header.type_name());
+  KVLAB_CHECK(duplicate.empty(), "{}: tensor '{}' appears twice in the safetensors header", source, duplicate);
 
   SafetensorsHeader out;
   out.data_offset = 8 + static_cast<size_t>(header_len);

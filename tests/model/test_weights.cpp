@@ -224,6 +224,11 @@ TEST_CASE("safetensors: malformed files give errors that name the problem") {
     const std::string h3 = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[-1,15]}})";
     CHECK_THROWS_WITH_AS(parse_st(make_safetensors(h3, 16)), doctest::Contains("non-negative"), Error);
   }
+  SUBCASE("duplicate names") {
+    const std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                          R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+    CHECK_THROWS_WITH_AS(parse_st(make_safetensors(h, 8)), doctest::Contains("tensor 'a' appears twice"), Error);
+  }
   SUBCASE("unsupported dtype") {
     const std::string h = R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})";
     CHECK_THROWS_WITH_AS(parse_st(make_safetensors(h, 16)), doctest::Contains("tensor 'ids' has dtype I64"), Error);
