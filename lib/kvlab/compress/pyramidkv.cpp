@@ -20,14 +20,17 @@
 //                           (pyramidkv_layer_budgets in snapkv.h)
 //
 // Deviations:
-//   - Default rounding: the exact rational budgets are floored and the remainder handed one per
-//     layer to the bottom layers, so the total is exactly L·budget and budgets never increase
-//     with the layer (METHODS.md §3); `pyramid_floor=true` reproduces the official rounding.
+//   - Default rounding: the exact rational budgets get largest-remainder rounding (floor, then +1
+//     to the layers with the largest fractional parts), so the total is exactly L·budget, each
+//     layer is within one of its exact value and budgets never increase with the layer
+//     (METHODS.md §3); `pyramid_floor=true` reproduces the official rounding.
 //   - A single layer's budget differs from the asked `budget` by design (only the average over
 //     layers matches); with n_layers = 1, or budget <= window, every layer gets `budget`.
 //   - As KVCache-Factory: when max would exceed n − w it is capped there and min = 2B − max.
 //   - The SnapKV deviations apply (window keys are region keys at the window's positions, etc.).
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 #include "kvlab/check.h"
 #include "kvlab/compress/methods.h"
@@ -51,15 +54,23 @@ std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, int
   // Exact: max and min as fractions over beta; x_ℓ = (mx·(L−1) − ℓ·(mx − mn)) / (beta·(L−1)).
   int64_t mx = 2 * B * beta - B, mn = B;  // ×beta
   if (mx >= (n - window) * beta) mx = (n - window) * beta, mn = 2 * B * beta - mx;
+  // Largest-remainder rounding: floor every x_ℓ, then +1 to the `remainder` layers with the
+  // largest fractional parts (ties: the lower layer). Non-increasing in ℓ survives (equal floors
+  // have non-increasing fractions), and no layer exceeds ceil(x_ℓ) <= n − w.
   const int64_t den = beta * (L - 1);
+  std::vector<int64_t> frac(static_cast<size_t>(L));
   int64_t total = 0;
   for (int64_t l = 0; l < L; ++l) {
-    out[l] = (mx * (L - 1) - l * (mx - mn)) / den;  // numerator >= 0: floor
+    const int64_t num = mx * (L - 1) - l * (mx - mn);  // >= 0
+    out[l] = num / den, frac[l] = num % den;
     total += out[l];
   }
   const int64_t remainder = L * B - total;  // in [0, L): Σ x_ℓ = L·B exactly
   TORCH_INTERNAL_ASSERT(remainder >= 0 && remainder < L, "pyramidkv remainder ", remainder);
-  for (int64_t l = 0; l < remainder; ++l) out[l] += 1;
+  std::vector<int64_t> order(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) order[l] = l;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return frac[a] > frac[b]; });
+  for (int64_t j = 0; j < remainder; ++j) out[order[j]] += 1;
   for (auto& b : out) b += window;
   return out;
 }

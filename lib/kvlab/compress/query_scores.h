@@ -47,10 +47,21 @@ inline void require_queries(const LayerKV& kv, const std::string& method) {
 
 // Post-softmax attention of every query of `kv` (causal against its positions), reduced over each
 // KV group's query heads by `reduce`, summed over the queries in double:
-// -> [n_kv_heads, n] float64.
-inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce) {
-  auto p = group_attention_probs(kv, reduce);                            // [Hkv, n_obs, n]
-  return p.to(at::kDouble).sum(1);                                       // [Hkv, n]
+// -> [n_kv_heads, n] float64 on the keys' device. Queries go in chunks of `chunk`, so a capture
+// with queries at every position (n_obs = n) needs O(chunk·n) memory, not O(n²).
+inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce,
+                                        int64_t chunk = 256) {
+  const int64_t n_obs = kv.queries.size(1);
+  at::Tensor total;                                                      // [Hkv, n] f64
+  for (int64_t j0 = 0; j0 < n_obs; j0 += chunk) {
+    const int64_t len = std::min(chunk, n_obs - j0);
+    LayerKV part = kv;
+    part.queries = kv.queries.narrow(1, j0, len);                        // [Hq, len, d]
+    if (kv.query_pos.defined()) part.query_pos = kv.query_pos.narrow(0, j0, len);  // [len]
+    auto s = group_attention_probs(part, reduce).sum(1, false, at::kDouble);  // [Hkv, n]
+    total = total.defined() ? total + s : s;
+  }
+  return total;
 }
 
 // For each region key, how many of kv's queries may attend to it (position <= query position).

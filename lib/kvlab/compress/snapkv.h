@@ -31,9 +31,9 @@ at::Tensor snapkv_scores(const LayerKV& kv, const SnapKVOptions& opt, int64_t* n
 // PyramidKV's budget of every layer (0 = bottom) for an average of `budget` entries per layer
 // over a region of n tokens: B = budget − window, min = B/beta, max = 2B − min (capped at
 // n − window as KVCache-Factory does, min = 2B − max then), layer ℓ gets
-// max − ℓ·(max − min)/(n_layers − 1) + window. floor_mode=false: exact rational values floored,
-// the remainder handed one by one to the bottom layers, so the budgets sum exactly to
-// n_layers·budget and never increase with ℓ. floor_mode=true: KVCache-Factory's integer
+// max − ℓ·(max − min)/(n_layers − 1) + window. floor_mode=false: the exact rational values with
+// largest-remainder rounding, so the budgets sum exactly to n_layers·budget, each is within one
+// of its exact value, and they never increase with ℓ. floor_mode=true: KVCache-Factory's integer
 // arithmetic (min = B // beta, step = (max − min) // (n_layers − 1)), which overshoots.
 std::vector<int64_t> pyramidkv_layer_budgets(int64_t budget, int64_t window, int64_t n,
                                              int n_layers, int64_t beta, bool floor_mode);
