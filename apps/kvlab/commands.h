@@ -1,0 +1,23 @@
+// Every subcommand's setup function; main.cpp calls each once. One cmd_<name>.cpp per command.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace kvlab::cli {
+
+void setup_inspect(CLI::App& app);   // cmd_inspect.cpp: summarise a capture file
+void setup_synth(CLI::App& app);     // cmd_synth.cpp: write a synthetic capture
+void setup_bench(CLI::App& app);     // cmd_bench.cpp: micro-benchmarks (attention, ...)
+void setup_generate(CLI::App& app);  // cmd_generate.cpp: greedy decoding with a model
+void setup_dump(CLI::App& app);      // cmd_dump.cpp: capture q/k/v of a model prefill
+void setup_bench_prefill(CLI::App& app);  // cmd_bench_prefill.cpp: kvlab bench prefill
+
+// The `kvlab bench` group; benchmark subcommands in other files attach to it.
+CLI::App& bench_group(CLI::App& app);
+
+// Runtime settings shared by every command (set in main.cpp from --threads).
+int threads();
+
+}  // namespace kvlab::cli

@@ -1,0 +1,181 @@
+#include "kvlab/compress/compressor.h"
+
+#include <cmath>
+#include <limits>
+
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+
+namespace kvlab {
+
+double CompressedKV::mean_entries() const {
+  if (!bias.defined()) return static_cast<double>(keys.size(1));
+  auto real = (bias != -std::numeric_limits<double>::infinity()).sum(1);  // [n_kv_heads]
+  return real.to(at::kDouble).mean().item<double>();
+}
+
+double CompressedKV::mean_memory_entries() const {
+  double m = mean_entries();
+  if (has_separate_den()) {
+    if (!den_bias.defined()) return m + static_cast<double>(den_keys.size(1));
+    auto real = (den_bias != -std::numeric_limits<double>::infinity()).sum(1);
+    m += real.to(at::kDouble).mean().item<double>();
+  }
+  return m;
+}
+
+int64_t budget_from_ratio(double ratio, int64_t n) {
+  KVLAB_CHECK(ratio > 0 && ratio <= 1, "--ratio must be in (0, 1], got {}", ratio);
+  return std::min<int64_t>(n, std::max<int64_t>(n > 0 ? 1 : 0, std::llround(ratio * n)));
+}
+
+int64_t budget_from_halvings(int halvings, int64_t n) {
+  KVLAB_CHECK(halvings >= 0 && halvings < 63, "--T (halvings) must be in [0, 62], got {}", halvings);
+  for (int t = 0; t < halvings; ++t) n /= 2;
+  return n;
+}
+
+int64_t resolve_budget(const CompressOptions& opt, int64_t n) {
+  int64_t b = opt.halvings >= 0 ? budget_from_halvings(opt.halvings, n) : opt.budget;
+  KVLAB_CHECK(b >= 0, "compress: neither a budget nor a number of halvings was given");
+  return std::min<int64_t>(n, std::max<int64_t>(n > 0 ? 1 : 0, b));
+}
+
+CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx) {
+  // idx [Hkv, m] int64, -1 = padding
+  const int64_t h = kv.n_kv_heads(), d = kv.keys.size(2);
+  auto safe = idx.clamp_min(0);                                          // [Hkv, m]
+  auto gi = safe.unsqueeze(-1).expand({h, idx.size(1), d});              // [Hkv, m, d]
+  CompressedKV out;
+  out.keys = kv.keys.gather(1, gi);
+  out.values = kv.values.gather(1, gi.expand({h, idx.size(1), kv.values.size(2)}));
+  out.bias = at::zeros({h, idx.size(1)}, kv.keys.options())
+                 .masked_fill(idx < 0, -std::numeric_limits<double>::infinity());
+  out.kept_idx = idx;
+  return out;
+}
+
+CompressedKV keep_all(const LayerKV& kv) {
+  const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
+  auto idx = at::arange(n, kv.keys.options().dtype(at::kLong)).unsqueeze(0).expand({h, n}).contiguous();
+  CompressedKV out;
+  out.keys = kv.keys;
+  out.values = kv.values;
+  out.bias = at::zeros({h, n}, kv.keys.options());
+  out.kept_idx = idx;
+  return out;
+}
+
+at::Tensor group_attention_probs(const LayerKV& kv, const std::string& reduce) {
+  // -> [Hkv, n_obs, n]
+  KVLAB_CHECK(kv.queries.defined() && kv.queries.size(1) > 0,
+              "this method scores keys with queries, but the region came with none");
+  const int64_t h_kv = kv.n_kv_heads(), h_q = kv.queries.size(0), n_obs = kv.queries.size(1);
+  const int64_t n = kv.n_tokens(), d = kv.keys.size(2), g = h_q / h_kv;
+  auto qg = kv.queries.to(kv.keys.scalar_type()).reshape({h_kv, g, n_obs, d});
+  auto s = at::matmul(qg, kv.keys.unsqueeze(1).transpose(2, 3)) /
+           std::sqrt(static_cast<double>(d));                            // [Hkv, g, n_obs, n]
+  if (kv.query_pos.defined()) {
+    auto kp = at::arange(kv.pos0, kv.pos0 + n, kv.query_pos.options()).view({1, 1, 1, n});
+    s = s.masked_fill(kp > kv.query_pos.view({1, 1, n_obs, 1}),
+                      -std::numeric_limits<double>::infinity());
+  }
+  auto p = at::softmax(s, -1).nan_to_num(0.0);                           // [Hkv, g, n_obs, n]
+  if (reduce == "mean") return p.mean(1);
+  if (reduce == "sum") return p.sum(1);
+  if (reduce == "max") return std::get<0>(p.max(1));
+  KVLAB_FAIL("--param gqa_reduce must be one of mean, max, sum; got '{}'", reduce);
+}
+
+// ---- Params ----------------------------------------------------------------
+
+Params::Params(nlohmann::json given, std::string method)
+    : given_(given.is_null() ? nlohmann::json::object() : std::move(given)),
+      effective_(nlohmann::json::object()),
+      method_(std::move(method)) {
+  KVLAB_CHECK(given_.is_object(), "{}: parameters must be a JSON object, got {}", method_,
+              given_.dump());
+}
+
+namespace {
+// Values given on the command line arrive as strings ("0.5"); accept those for numbers.
+template <class T>
+T parse_number(const nlohmann::json& v, const std::string& key, const std::string& method,
+               const char* kind) {
+  try {
+    if (v.is_string()) {
+      const std::string s = v.get<std::string>();
+      size_t used = 0;
+      T out;
+      if constexpr (std::is_same_v<T, double>) out = std::stod(s, &used);
+      else out = static_cast<T>(std::stoll(s, &used));
+      if (used == s.size()) return out;
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (v.is_number()) return v.get<double>();
+    } else if (v.is_number_integer() || v.is_number_unsigned()) {
+      return v.get<T>();
+    } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+      return static_cast<T>(v.get<double>());
+    }
+  } catch (const std::exception&) {
+  }
+  KVLAB_FAIL("{}: parameter '{}' must be {}, got {}", method, key, kind, v.dump());
+}
+}  // namespace
+
+double Params::get_double(const std::string& key, double def) {
+  double v = given_.contains(key) ? parse_number<double>(given_[key], key, method_, "a number") : def;
+  effective_[key] = v;
+  return v;
+}
+
+int64_t Params::get_int(const std::string& key, int64_t def) {
+  int64_t v =
+      given_.contains(key) ? parse_number<int64_t>(given_[key], key, method_, "an integer") : def;
+  effective_[key] = v;
+  return v;
+}
+
+bool Params::get_bool(const std::string& key, bool def) {
+  bool v = def;
+  if (given_.contains(key)) {
+    const auto& j = given_[key];
+    if (j.is_boolean()) v = j.get<bool>();
+    else if (j.is_string() && (j == "true" || j == "1")) v = true;
+    else if (j.is_string() && (j == "false" || j == "0")) v = false;
+    else KVLAB_FAIL("{}: parameter '{}' must be true or false, got {}", method_, key, j.dump());
+  }
+  effective_[key] = v;
+  return v;
+}
+
+std::string Params::get_string(const std::string& key, const std::string& def,
+                               const std::vector<std::string>& allowed) {
+  std::string v = def;
+  if (given_.contains(key)) {
+    KVLAB_CHECK(given_[key].is_string(), "{}: parameter '{}' must be a string, got {}", method_, key,
+                given_[key].dump());
+    v = given_[key].get<std::string>();
+  }
+  if (!allowed.empty()) {
+    bool ok = std::find(allowed.begin(), allowed.end(), v) != allowed.end();
+    KVLAB_CHECK(ok, "{}: parameter '{}' must be one of {}, got '{}'", method_, key,
+                fmt::join(allowed, ", "), v);
+  }
+  effective_[key] = v;
+  return v;
+}
+
+void Params::finish() const {
+  for (auto it = given_.begin(); it != given_.end(); ++it) {
+    if (effective_.contains(it.key())) continue;
+    std::vector<std::string> known;
+    for (auto e = effective_.begin(); e != effective_.end(); ++e) known.push_back(e.key());
+    std::string hint = closest_match(it.key(), known);
+    KVLAB_FAIL("{}: unknown parameter '{}'{}; known: {}", method_, it.key(),
+               hint.empty() ? "" : fmt::format(" (did you mean '{}'?)", hint),
+               known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", ")));
+  }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,124 @@
+// The one interface every KV-cache compressor implements (METHODS.md §1).
+//
+// A compressor sees one layer's compressible region (all KV heads) and returns, per KV head,
+// kept or merged entries with an additive log-weight bias. Replay calls `compress` once per
+// (sample, layer); generation drives the same method through a per-layer `CachePolicy`.
+//
+// Vocabulary: `ratio` is the fraction of the region kept (entries after / tokens before);
+// `budget` is the same as an absolute count of entries per KV head.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvlab/attention.h"
+
+namespace kvlab {
+
+// One layer's compressible region. Keys are post-RoPE at their original positions.
+struct LayerKV {
+  at::Tensor keys;       // [n_kv_heads, n, head_dim]
+  at::Tensor values;     // [n_kv_heads, n, head_dim]
+  at::Tensor queries;    // [n_q_heads, n_obs, head_dim] queries a method may score with; n_obs may be 0
+  at::Tensor query_pos;  // [n_obs] int64 absolute positions of `queries`
+  int64_t pos0 = 0;      // absolute position of keys[:, 0]; key i sits at pos0 + i
+  int layer = 0;         // 0-based layer index (PyramidKV's per-layer budgets)
+  int n_layers = 1;
+
+  int64_t n_tokens() const { return keys.size(1); }
+  int64_t n_kv_heads() const { return keys.size(0); }
+  int64_t n_q_heads() const { return queries.defined() ? queries.size(0) : n_kv_heads(); }
+};
+
+// What a compressor returns. Heads may keep different counts: pad with bias = -inf.
+struct CompressedKV {
+  at::Tensor keys;      // [n_kv_heads, n_kept, head_dim]
+  at::Tensor values;    // [n_kv_heads, n_kept, head_dim]
+  at::Tensor bias;      // [n_kv_heads, n_kept] log-weights (0 for exact entries, -inf = padding)
+  at::Tensor kept_idx;  // [n_kv_heads, n_kept] int64 index into the region, -1 for merged/padding;
+                        // undefined when the method merges (no 1:1 correspondence)
+  // Separate denominator set (SubGen, BalanceKV theory version); undefined = same as numerator.
+  at::Tensor den_keys;  // [n_kv_heads, n_den, head_dim]
+  at::Tensor den_bias;  // [n_kv_heads, n_den]
+  // Multiplies every logit q·k/√d of the whole cache (BUZZ log n scaling, Eq. 7–8); 1 = none.
+  double logit_scale = 1.0;
+
+  bool has_separate_den() const { return den_keys.defined(); }
+  // Entries per KV head that are not padding, averaged over heads (numerator set).
+  double mean_entries() const;
+  // Entries of memory per head: numerator entries plus separate denominator entries.
+  double mean_memory_entries() const;
+};
+
+// How much to keep. Exactly one of the two is meaningful for a call:
+//   budget   >= 0: entries per KV head allowed for the region
+//   halvings >= 0: halving methods (BalanceKV, uniform-halving, Chelsea) halve T times instead
+struct CompressOptions {
+  int64_t budget = -1;
+  int halvings = -1;
+  uint64_t seed = 0;
+};
+
+class Compressor {
+ public:
+  virtual ~Compressor() = default;
+  virtual std::string name() const = 0;
+  // Every parameter with its effective value, echoed into result.json.
+  virtual nlohmann::json params() const = 0;
+  // Pure: same input, options and seed -> bitwise-identical output on CPU. No hidden state.
+  virtual CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const = 0;
+};
+
+// Budget helpers shared by every method.
+// Entries to keep for a region of n tokens at `ratio` (validated: 0 < ratio <= 1).
+int64_t budget_from_ratio(double ratio, int64_t n);
+// n after T floor-halvings.
+int64_t budget_from_halvings(int halvings, int64_t n);
+// The budget a call asks for, resolving `halvings` if given; at least 1 when n >= 1, at most n.
+int64_t resolve_budget(const CompressOptions& opt, int64_t n);
+
+// Building blocks for methods.
+// A CompressedKV that keeps the given indices exactly. idx [n_kv_heads, m] int64 (sorted or not;
+// -1 entries become padding).
+CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx);
+// The identity: every entry kept, bias 0.
+CompressedKV keep_all(const LayerKV& kv);
+// Attention scores the query heads of each KV group put on each key:
+// post-softmax probabilities [n_kv_heads, n_obs, n], reduced over the group by `reduce`
+// ("mean" | "max" | "sum"); causal against query_pos when given.
+at::Tensor group_attention_probs(const LayerKV& kv, const std::string& reduce);
+
+// Parameter parsing with the parameter's name in every error.
+class Params {
+ public:
+  explicit Params(nlohmann::json given, std::string method);
+  // Typed getters record the effective value; unknown keys are reported by `finish()`.
+  double get_double(const std::string& key, double def);
+  int64_t get_int(const std::string& key, int64_t def);
+  bool get_bool(const std::string& key, bool def);
+  std::string get_string(const std::string& key, const std::string& def,
+                         const std::vector<std::string>& allowed = {});
+  // Throws kvlab::Error naming any given key that no getter asked for.
+  void finish() const;
+  const nlohmann::json& effective() const { return effective_; }
+
+ private:
+  nlohmann::json given_, effective_;
+  std::string method_;
+};
+
+// Registry (registry.cpp): an explicit table, one line per method.
+struct CompressorInfo {
+  std::string name;
+  std::string description;  // one line, for --list-methods
+};
+std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohmann::json& params);
+std::vector<CompressorInfo> compressor_infos();
+std::vector<std::string> compressor_names();
+
+}  // namespace kvlab

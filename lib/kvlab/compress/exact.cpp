@@ -1,0 +1,27 @@
+// exact — the full cache, no compression. The reference every method is measured against, and
+// the ratio-1 limit every method must reproduce.
+#include "kvlab/compress/methods.h"
+
+namespace kvlab {
+namespace {
+
+class Exact final : public Compressor {
+ public:
+  explicit Exact(Params p) : params_(p.effective()) { p.finish(); }
+  std::string name() const override { return "exact"; }
+  nlohmann::json params() const override { return params_; }
+  CompressedKV compress(const LayerKV& kv, const CompressOptions&) const override {
+    return keep_all(kv);
+  }
+
+ private:
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_exact(const nlohmann::json& params) {
+  return std::make_unique<Exact>(Params(params, "exact"));
+}
+
+}  // namespace kvlab

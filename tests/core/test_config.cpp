@@ -1,0 +1,69 @@
+// Config files standing in for flags: overrides, unknown keys, wrong types.
+#include <doctest/doctest.h>
+
+#include <CLI/CLI.hpp>
+
+#include <fstream>
+
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/text.h"
+#include "test_util.h"
+
+using namespace kvlab;
+
+namespace {
+struct Opts {
+  double ratio = 0.5;
+  std::string method = "exact";
+  int64_t seeds = 1;
+  std::vector<double> ratios;
+  void fields(FieldList& f) {
+    f.add("ratio", ratio, "fraction kept");
+    f.add("method", method, "method");
+    f.add("seeds", seeds, "seeds");
+    f.add("ratios", ratios, "list");
+  }
+};
+}  // namespace
+
+TEST_CASE("config file values apply, flags override them, unknown keys are errors") {
+  auto dir = test::temp_dir("cfg");
+  auto cfg = dir + "/c.json";
+  std::ofstream(cfg) << R"({"ratio": 0.2, "method": "h2o", "ratios": [0.1, 0.3]})";
+  CLI::App app;
+  Opts o;
+  Command cmd(app, "x", "test");
+  o.fields(cmd.fields());
+  cmd.bind();
+  app.parse("x --method snapkv --config " + cfg, /*program_name_included=*/false);
+  REQUIRE(cmd.resolve());
+  CHECK(o.ratio == 0.2);
+  CHECK(o.method == "snapkv");  // the flag wins
+  CHECK(o.ratios == std::vector<double>{0.1, 0.3});
+  CHECK(cmd.effective()["method"] == "snapkv");
+
+  FieldList f;
+  Opts o2;
+  o2.fields(f);
+  CHECK_THROWS_WITH_AS(f.from_json(nlohmann::json::parse(R"({"raito": 0.3})"), "c.json", false),
+                       doctest::Contains("unknown key 'raito' (did you mean 'ratio'?)"), Error);
+  CHECK_THROWS_WITH_AS(f.from_json(nlohmann::json::parse(R"({"seeds": "ten"})"), "c.json", false),
+                       doctest::Contains("key 'seeds' must be an integer, found \"ten\""), Error);
+  CHECK_THROWS_WITH_AS(read_json_file(dir + "/none.json"), doctest::Contains("cannot open"), Error);
+  std::ofstream(dir + "/bad.json") << "{\"ratio\": ";
+  CHECK_THROWS_WITH_AS(read_json_file(dir + "/bad.json"), doctest::Contains("invalid JSON"), Error);
+}
+
+TEST_CASE("flag value parsers") {
+  CHECK(parse_index_list("all", 3, "--layers") == std::vector<int>{0, 1, 2});
+  CHECK(parse_index_list("4,0-2", 5, "--layers") == std::vector<int>{0, 1, 2, 4});
+  CHECK_THROWS_WITH_AS(parse_index_list("0,9", 5, "--layers"), doctest::Contains("--layers: index 9 out of range"), Error);
+  CHECK_THROWS_WITH_AS(parse_index_list("x", 5, "--layers"), doctest::Contains("--layers"), Error);
+  CHECK(parse_queries_spec("last:256", 100, "--queries") == 100);
+  CHECK(parse_queries_spec("last:16", 100, "--queries") == 16);
+  CHECK(parse_queries_spec("all", 100, "--queries") == 100);
+  CHECK_THROWS_WITH_AS(parse_queries_spec("first:3", 100, "--queries"), doctest::Contains("--queries"), Error);
+  CHECK(closest_match("chelsa", {"chelsea", "h2o", "snapkv"}) == "chelsea");
+  CHECK(closest_match("zzzzzz", {"chelsea", "h2o"}) == "");
+}

@@ -1,0 +1,38 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kvlab/config.h"
+#include "kvlab/provenance.h"
+#include "kvlab/report.h"
+#include "test_util.h"
+
+using namespace kvlab;
+
+TEST_CASE("sha256 matches the FIPS 180-4 test vectors") {
+  CHECK(sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST_CASE("run directories hold config.json and an atomically written result.json with context") {
+  auto base = test::temp_dir("runs");
+  nlohmann::json cfg = {{"ratio", 0.2}};
+  RunDir run(base, "exp", cfg);
+  CHECK(run.path().find(base + "/exp/") == 0);
+  CHECK(read_json_file(run.file("config.json")) == cfg);
+  auto ctx = context_block("cpu", 7, cfg);
+  run.write_result(ctx, nlohmann::json::array({{{"method", "exact"}, {"rel_err", 0.0}}}));
+  auto j = read_json_file(run.file("result.json"));
+  for (auto key : {"schema_version", "kvlab_version", "git_sha", "git_dirty", "date", "host", "device",
+                   "torch_version", "cuda_version", "build_type", "seed", "config_sha256"})
+    CHECK_MESSAGE(j["context"].contains(key), key);
+  CHECK(j["context"]["config_sha256"] == sha256_hex(cfg.dump()));
+  CHECK(j["rows"][0]["method"] == "exact");
+  CHECK(!std::filesystem::exists(run.file("result.json.partial")));
+  auto table = render_table(j["rows"], {"method", "rel_err"});
+  CHECK(table.find("method") != std::string::npos);
+  CHECK(render_csv(j["rows"], {"method", "rel_err"}) == "method,rel_err\nexact,0\n");
+}
