@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what is missing (Debian packages), configures and builds kvlab into build/.
+# Fast when nothing changed: a dpkg query, then a no-op ninja.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake ninja-build ccache git python3 python3-venv unzip
+          libtorch-dev libopenblas0-pthread libhdf5-dev nlohmann-json3-dev libcli11-dev libfmt-dev doctest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] installing: ${missing[*]}" >&2
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+build_dir=${KVLAB_BUILD_DIR:-build}
+if [ ! -f "$build_dir/build.ninja" ]; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release ${KVLAB_CMAKE_ARGS:-} >&2
+fi
+jobs=${KVLAB_JOBS:-$(nproc)}
+cmake --build "$build_dir" -j "$jobs" >&2
+echo "[setup] built $build_dir/apps/kvlab" >&2
