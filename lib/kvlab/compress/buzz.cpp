@@ -1,0 +1,368 @@
+// buzz, buzz-interval, buzz-logn
+//
+// Paper: J. Zhao, Z. Fang, S. Li, S. Yang, S. He, "BUZZ: Beehive-structured Sparse KV Cache with
+// Segmented Heavy Hitters for Efficient LLM Inference", arXiv:2410.23079 (shared/papers/buzz.txt,
+// Alg. 1–2, Remark 2, Theorem 3.1, §3.5). Official code: github.com/JunqiZhao888/buzz-llm
+// (read through its mirror danielfang001/buzz-llm, class BuzzKVCacheWithAccumulation, for the
+// details below; none of it copied).
+//
+// Summary. The cache is laid out as [sink k][old samples][new tokens][window w]. Tokens that
+// slide out of the window become "new" tokens. When |old| + |new| exceeds the threshold T, the
+// old samples are thinned by interval sampling with the small stride ŝ = ⌊(s+1)/2⌋ (keep every
+// ŝ-th, starting with the first), the new tokens are cut into hives of s from their start and each
+// hive keeps the token with the largest accumulated attention (Alg. 2), and the survivors become
+// the old samples. Accumulated scores of sink and old samples reset to 0 after an eviction; new
+// winners and window tokens keep theirs (as the official code does). In prefill the eviction is
+// repeated until the cache fits in T + k + w (Remark 2). `buzz-interval` samples new tokens by
+// interval too (Fig. 8b); `swap_strides` swaps s and ŝ (Fig. 8a). `buzz-logn` multiplies every
+// logit by log_512(n) (Eq. 7–8) through CompressedKV::logit_scale.
+//
+// Budget. Entry counts of BUZZ never depend on scores, so the prefill size is an integer function
+// of (n, k, w, T, s): buzz_prefill_size. Given a budget B < n, replay picks (w, T) as follows
+// (buzz_choose_layout): every window w in [0, B − k − 1] is tried; for each, the chain of old-sample
+// counts x_0 = ⌈(n − k − w)/s_new⌉, x_{r+1} = ⌈x_r/s_old⌉ is walked, and the prefill stops at x_r
+// exactly when T ∈ [x_r, x_{r−1} − 1] (x_{−1} = n − k − w), giving size k + w + x_r. Among all
+// (w, r) the choice minimises, in order: (1) B − size with size <= B (sizes above B only if nothing
+// fits), (2) |ln(T/w) − ln ρ|, the distance to Theorem 3.1's ratio ρ (T = ρw rounded and clamped to
+// the feasible interval), (3) −w (prefer the larger exact window). Because w + x_r(w) grows by 0 or
+// 1 when w grows by 1 (x_r is a nested ceiling of a quantity that falls by 1), and x_r(w) reaches
+// 1 for large r, every B in [k + 2, n − 1] is hit exactly: kept entries = budget. For k + 1 >= B
+// the sink shrinks to k = B − 1 and w = 0 (one sample). A window or threshold given explicitly is
+// held fixed and only the other is chosen; if both are given the budget is not enforced (the
+// official configuration, e.g. window=160 threshold=400) and the size is buzz_prefill_size.
+//
+// Deviations / decisions:
+// - Scores in replay. Accumulated attention needs every streamed query; replay has only the
+//   captured queries (`kv.queries`, e.g. the last 256 positions). The score of key i is the sum over
+//   the available queries j with pos_j >= pos0 + i (causal) of their post-softmax attention on i,
+//   softmax taken over the region, summed over the KV group's query heads (`gqa_reduce`, default
+//   sum as in the official code; mean gives the same argmax). One prefill block with Remark 2's
+//   repetitions, as the official code does at prefill (it appends the whole prompt in one call).
+// - GQA: the official code assumes MHA (per-head scores, `_de_repeat_q` commented out); kvlab
+//   scores per KV head with its group's query heads and never repeats K/V.
+// - Remark 2's repetitions thin old samples only (no new tokens remain), so s_old must be >= 2:
+//   stride >= 3 (or >= 2 with swap_strides) is required.
+// - buzz-logn: log_base(n) with n = `logn_n`: "cache" (default; the commented official line) =
+//   entries kept in the region + every position outside it up to the last query (assumed kept
+//   exact by the replay harness: --keep-first/--keep-last), "seq" = last query position + 1
+//   (pos0 + n without queries). One scalar per layer, not per query. No clamp below n = 512, as in
+//   Eq. 7. When the budget keeps everything (no eviction), the scale is 1 so that ratio 1
+//   reproduces exact attention.
+// - window/threshold default to "auto" (chosen from the budget as above); METHODS.md's official
+//   values w = 160, T = 400 are reached by passing them explicitly.
+// - Ties inside a hive go to the earliest token (at::argmax), as torch.max does in the official code.
+#include "kvlab/compress/buzz.h"
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "kvlab/check.h"
+#include "kvlab/compress/methods.h"
+
+namespace kvlab {
+
+// ---- Layout arithmetic -------------------------------------------------------------------------
+
+int64_t buzz_old_after_eviction(int64_t n_old, int64_t n_new, const BuzzConfig& c) {
+  return ceil_div(n_old, c.old_stride()) + ceil_div(n_new, c.new_stride());
+}
+
+int64_t buzz_prefill_size(int64_t n, const BuzzConfig& c) {
+  const int64_t other = n - c.n_sink - c.window;
+  if (other <= c.threshold) return n;
+  int64_t x = ceil_div(other, c.new_stride());
+  while (x > c.threshold) {
+    KVLAB_CHECK(c.old_stride() >= 2, "buzz: old-sample stride is 1, Remark 2 cannot shrink the cache");
+    x = ceil_div(x, c.old_stride());
+  }
+  return c.n_sink + c.window + x;
+}
+
+double buzz_theorem_ratio(int64_t s) {
+  const double sd = static_cast<double>(s);
+  return s % 2 == 1 ? (sd * sd + 1) / (sd + 1) : sd - 1;
+}
+
+namespace {
+// ρ = s_new − s_new/s_old + 1: the T/w whose streaming fixed point puts |old| = w.
+double steady_ratio(const BuzzConfig& c) {
+  const double sn = static_cast<double>(c.new_stride()), so = static_cast<double>(c.old_stride());
+  return sn - sn / so + 1.0;
+}
+}  // namespace
+
+double buzz_steady_state_old(const BuzzConfig& c) {
+  return static_cast<double>(c.threshold + 1) / steady_ratio(c);
+}
+
+BuzzLayout buzz_choose_layout(int64_t n, int64_t budget, const BuzzConfig& base) {
+  const bool fix_w = base.window >= 0, fix_t = base.threshold >= 0;
+  if (fix_w && fix_t) {
+    return {base.n_sink, base.window, base.threshold, buzz_prefill_size(n, base)};
+  }
+  KVLAB_CHECK(budget >= 1 && budget < n, "buzz: layout asked for budget {} of n = {}", budget, n);
+  const int64_t k = std::min(base.n_sink, budget - 1);
+  const int64_t s_new = base.new_stride(), s_old = base.old_stride();
+  const double log_rho = std::log(steady_ratio(base));
+
+  // Lexicographic cost: (distance to budget, distance to the T/w rule, -w).
+  using Cost = std::tuple<int64_t, double, int64_t>;
+  bool found = false;
+  Cost best{};
+  BuzzLayout out;
+  const int64_t w_lo = fix_w ? base.window : 0, w_hi = fix_w ? base.window : budget - k - 1;
+  for (int64_t w = w_lo; w <= w_hi; ++w) {
+    const int64_t other = n - k - w;
+    if (other <= 1) continue;
+    int64_t x = ceil_div(other, s_new), upper = other;  // round r: T in [x_r, upper - 1]
+    while (true) {
+      const int64_t lo = std::max<int64_t>(x, 1), hi = upper - 1;
+      if (lo <= hi) {
+        int64_t t;
+        bool ok = true;
+        if (fix_t) {
+          t = base.threshold;
+          ok = t >= lo && t <= hi;
+        } else {
+          const double ideal = std::exp(log_rho) * static_cast<double>(w);
+          t = std::min(hi, std::max(lo, static_cast<int64_t>(std::llround(ideal))));
+        }
+        if (ok) {
+          const int64_t size = k + w + x;
+          const int64_t miss = size <= budget ? budget - size : (n + size - budget);
+          const double rule = w > 0 ? std::abs(std::log(static_cast<double>(t) / w) - log_rho)
+                                    : std::numeric_limits<double>::infinity();
+          Cost c{miss, rule, -w};
+          if (!found || c < best) {
+            found = true;
+            best = c;
+            out = {k, w, t, size};
+          }
+        }
+      }
+      if (x <= 1 || s_old < 2) break;
+      upper = x;
+      x = ceil_div(x, s_old);
+    }
+  }
+  KVLAB_CHECK(found, "buzz: no layout fits budget {} for n = {} with {}{}", budget, n,
+              fix_w ? fmt::format("window={} ", base.window) : "",
+              fix_t ? fmt::format("threshold={}", base.threshold) : "");
+  return out;
+}
+
+// ---- BuzzCache ---------------------------------------------------------------------------------
+
+BuzzCache::BuzzCache(const BuzzConfig& cfg, int64_t n_kv_heads) : cfg_(cfg), n_kv_heads_(n_kv_heads) {
+  KVLAB_CHECK(cfg.n_sink >= 0 && cfg.window >= 0 && cfg.threshold >= 1 && cfg.stride >= 1,
+              "buzz: invalid cache config k={} w={} T={} s={}", cfg.n_sink, cfg.window, cfg.threshold,
+              cfg.stride);
+}
+
+int64_t BuzzCache::n_other() const {
+  return std::max<int64_t>(0, size() - cfg_.n_sink - cfg_.window);
+}
+
+bool BuzzCache::append(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& pos,
+                       const at::Tensor& score) {
+  // keys, values [H, t, d]; pos [t]; score [H, size + t] or undefined
+  const int64_t h = n_kv_heads_, t = keys.size(1), m = size();
+  TORCH_INTERNAL_ASSERT(keys.size(0) == h && pos.numel() == t);
+  auto p = pos.to(at::kLong).view({1, t}).expand({h, t});                       // [H, t]
+  auto zeros = at::zeros({h, t}, keys.options());                               // [H, t]
+  if (!keys_.defined()) {
+    keys_ = keys.contiguous();
+    values_ = values.contiguous();
+    pos_ = p.contiguous();
+    score_ = zeros;
+  } else {
+    keys_ = at::cat({keys_, keys}, 1);
+    values_ = at::cat({values_, values}, 1);
+    pos_ = at::cat({pos_, p}, 1);
+    score_ = at::cat({score_, zeros}, 1);
+  }
+  if (score.defined()) {
+    TORCH_INTERNAL_ASSERT(score.size(0) == h && score.size(1) == m + t,
+                          "BuzzCache::append: score must be [n_kv_heads, size + t]");
+    score_ = score_ + score.to(score_.scalar_type());
+  }
+  return evict_once();
+}
+
+bool BuzzCache::evict_once() {
+  const int64_t m = size(), k = cfg_.n_sink, w = cfg_.window, other = n_other();
+  if (other <= cfg_.threshold) return false;
+  const int64_t h = n_kv_heads_, n_old = std::min(n_old_, other), n_new = other - n_old;
+  const int64_t s_new = cfg_.new_stride(), s_old = cfg_.old_stride();
+  auto lopt = pos_.options();  // int64
+
+  // Old samples: interval sampling k, k + s_old, ... (< k + n_old).
+  auto old_idx = at::arange(k, k + n_old, s_old, lopt).view({1, -1}).expand({h, -1});  // [H, n_o]
+  // New tokens: hives of s_new from k + n_old; one winner each.
+  const int64_t base = k + n_old, n_hive = ceil_div(n_new, s_new);
+  at::Tensor new_idx;                                                        // [H, n_hive]
+  auto hive_start = at::arange(n_hive, lopt).mul(s_new).add(base).view({1, n_hive});
+  if (cfg_.interval_new || n_new == 0) {
+    new_idx = hive_start.expand({h, n_hive});
+  } else {
+    auto sc = score_.narrow(1, base, n_new);                                 // [H, n_new]
+    const int64_t pad = n_hive * s_new - n_new;
+    if (pad > 0)
+      sc = at::cat({sc, at::full({h, pad}, -std::numeric_limits<double>::infinity(), sc.options())}, 1);
+    auto win = sc.view({h, n_hive, s_new}).argmax(-1);                        // [H, n_hive]
+    new_idx = hive_start + win;
+  }
+  auto sink_idx = at::arange(0, k, lopt).view({1, k}).expand({h, k});         // [H, k]
+  auto win_idx = at::arange(m - w, m, lopt).view({1, w}).expand({h, w});     // [H, w]
+  auto sel = at::cat({sink_idx, old_idx, new_idx, win_idx}, 1).contiguous(); // [H, m']
+  const int64_t d = keys_.size(2), mp = sel.size(1);
+
+  keys_ = keys_.gather(1, sel.unsqueeze(-1).expand({h, mp, d}));
+  values_ = values_.gather(1, sel.unsqueeze(-1).expand({h, mp, values_.size(2)}));
+  pos_ = pos_.gather(1, sel);
+  score_ = score_.gather(1, sel);
+  // Sink and old-sample scores restart from 0 (official code); new winners and window keep theirs.
+  score_.narrow(1, 0, k + old_idx.size(1)).zero_();
+  n_old_ = old_idx.size(1) + n_hive;
+  return true;
+}
+
+int BuzzCache::fit() {
+  int rounds = 0;
+  while (n_other() > cfg_.threshold) {
+    KVLAB_CHECK(cfg_.old_stride() >= 2 || n_other() > n_old_,
+                "buzz: old-sample stride is 1, Remark 2 cannot shrink the cache (use stride >= 3)");
+    evict_once();
+    ++rounds;
+  }
+  return rounds;
+}
+
+// ---- The compressors ---------------------------------------------------------------------------
+
+namespace {
+
+enum class Variant { kBuzz, kInterval, kLogn };
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kBuzz: return "buzz";
+    case Variant::kInterval: return "buzz-interval";
+    case Variant::kLogn: return "buzz-logn";
+  }
+  return "buzz";
+}
+
+// Reads an integer parameter that may also be "auto" (or absent): -1 = auto. `given` must not
+// hold "auto" strings any more (see strip_autos).
+int64_t auto_or_int(const nlohmann::json& given, Params& p, const std::string& key, int64_t min_value,
+                    const std::string& method) {
+  if (!given.contains(key)) return -1;
+  int64_t v = p.get_int(key, -1);
+  KVLAB_CHECK(v >= min_value, "{}: parameter '{}' must be >= {} or \"auto\", got {}", method, key,
+              min_value, v);
+  return v;
+}
+
+nlohmann::json strip_autos(nlohmann::json given) {
+  if (given.is_null()) return nlohmann::json::object();
+  if (!given.is_object()) return given;  // Params reports it
+  for (const char* key : {"window", "threshold"})
+    if (given.contains(key) && given[key].is_string() && given[key] == "auto") given.erase(key);
+  return given;
+}
+
+class Buzz final : public Compressor {
+ public:
+  Buzz(Variant variant, const nlohmann::json& given) : variant_(variant) {
+    const std::string nm = variant_name(variant);
+    const nlohmann::json g = strip_autos(given);
+    Params p(g, nm);
+    cfg_.n_sink = p.get_int("n_sink", 4);
+    KVLAB_CHECK(cfg_.n_sink >= 0, "{}: parameter 'n_sink' must be >= 0, got {}", nm, cfg_.n_sink);
+    cfg_.window = auto_or_int(g, p, "window", 0, nm);
+    cfg_.threshold = auto_or_int(g, p, "threshold", 1, nm);
+    cfg_.stride = p.get_int("stride", 5);
+    cfg_.swap_strides = p.get_bool("swap_strides", false);
+    cfg_.interval_new = variant == Variant::kInterval;
+    KVLAB_CHECK(cfg_.stride >= 1 && cfg_.old_stride() >= 2,
+                "{}: parameter 'stride' must give an old-sample stride >= 2 (stride >= 3, or >= 2 "
+                "with swap_strides), got {}", nm, cfg_.stride);
+    if (variant != Variant::kInterval)
+      reduce_ = p.get_string("gqa_reduce", "sum", {"mean", "max", "sum"});
+    if (variant == Variant::kLogn) {
+      logn_n_ = p.get_string("logn_n", "cache", {"cache", "seq"});
+      logn_base_ = p.get_double("logn_base", 512.0);
+      KVLAB_CHECK(logn_base_ > 1, "{}: parameter 'logn_base' must be > 1, got {}", nm, logn_base_);
+    }
+    p.finish();
+    params_ = p.effective();
+    if (cfg_.window < 0) params_["window"] = "auto";
+    if (cfg_.threshold < 0) params_["threshold"] = "auto";
+  }
+
+  std::string name() const override { return variant_name(variant_); }
+  nlohmann::json params() const override { return params_; }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();
+    const int64_t budget = resolve_budget(opt, n);
+    const bool auto_layout = cfg_.window < 0 || cfg_.threshold < 0;
+    if (auto_layout && budget >= n) return keep_all(kv);
+    const BuzzLayout lay = buzz_choose_layout(n, budget, cfg_);
+    if (lay.size >= n) return keep_all(kv);  // no eviction triggers
+
+    BuzzConfig c = cfg_;
+    c.n_sink = lay.n_sink;
+    c.window = lay.window;
+    c.threshold = lay.threshold;
+    at::Tensor score;  // [H, n] accumulated attention over the available queries, causal
+    if (!c.interval_new) score = group_attention_probs(kv, reduce_).sum(1);
+
+    BuzzCache cache(c, h);
+    cache.append(kv.keys, kv.values, at::arange(n, kv.keys.options().dtype(at::kLong)), score);
+    cache.fit();
+    TORCH_INTERNAL_ASSERT(cache.size() == lay.size, "buzz layout arithmetic disagrees with the cache");
+
+    CompressedKV out;
+    out.keys = cache.keys();                                        // [H, m, d]
+    out.values = cache.values();                                    // [H, m, d]
+    out.bias = at::zeros({h, cache.size()}, kv.keys.options());     // [H, m]
+    out.kept_idx = cache.pos();                                     // [H, m]
+    if (variant_ == Variant::kLogn) out.logit_scale = logn_scale(kv, cache.size());
+    return out;
+  }
+
+ private:
+  // log_base(n), n per `logn_n` (see Deviations).
+  double logn_scale(const LayerKV& kv, int64_t n_kept) const {
+    const int64_t n = kv.n_tokens();
+    int64_t n_seq = kv.pos0 + n;
+    if (kv.query_pos.defined() && kv.query_pos.numel() > 0)
+      n_seq = std::max(n_seq, kv.query_pos.max().item<int64_t>() + 1);
+    const int64_t len = logn_n_ == "seq" ? n_seq : n_seq - n + n_kept;
+    return std::log(static_cast<double>(len)) / std::log(logn_base_);
+  }
+
+  Variant variant_;
+  BuzzConfig cfg_;
+  std::string reduce_ = "sum";
+  std::string logn_n_ = "cache";
+  double logn_base_ = 512.0;
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_buzz(const nlohmann::json& params) {
+  return std::make_unique<Buzz>(Variant::kBuzz, params);
+}
+std::unique_ptr<Compressor> make_buzz_interval(const nlohmann::json& params) {
+  return std::make_unique<Buzz>(Variant::kInterval, params);
+}
+std::unique_ptr<Compressor> make_buzz_logn(const nlohmann::json& params) {
+  return std::make_unique<Buzz>(Variant::kLogn, params);
+}
+
+}  // namespace kvlab

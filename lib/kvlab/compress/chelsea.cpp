@@ -1,0 +1,358 @@
+// chelsea
+//
+// Paper: J. Hu, S. Wang, Y. He, P. Gong, J. Yi, J. Zhang, Y. Bai, R. Chen, G. Zhang, C. Li, K. Yuan,
+// "Efficient Long-Context LLM Inference via KV Cache Clustering" (Chelsea), arXiv:2506.11418
+// (shared/papers/chelsea.txt: §5, Alg. 1, Theorem 6.1, App. B, App. C.2). No public code; the
+// parent algorithm is ToMe's bipartite soft matching (Bolya et al., arXiv:2210.09461).
+//
+// Summary. The first n1 and last n2 entries are kept apart; the rest (the compressible part) is
+// cut into chunks of c. Inside a chunk the entries alternate between sets A (even local index) and
+// B (odd) — the partition Theorem 6.1 proves optimal for a convex decreasing similarity-vs-distance
+// profile. Each A entry draws one edge to the B entry of its chunk with the largest cosine
+// similarity of keys; the edges of all chunks are pooled, the top r·(#compressible entries) by
+// similarity are kept, and each connected set (a B entry and the A entries pointing at it: a star)
+// is merged into one entry whose key and value are the degree-weighted means (Eq. 2), degree =
+// sum of degrees (tokens represented), attention bias log(degree). Steps repeat with
+// r_i = r_init − α·min(m, i) until the budget is met; the last step merges only the edges still
+// needed so the budget is hit exactly. Generation drives the same ChelseaCache (append, and
+// compress_to(B) when the cache reaches B + g, Alg. 1).
+//
+// Budget. The budget B (entries per KV head) comes from resolve_budget; n1 and n2 count inside it.
+// Kept entries == B exactly for every head not listed in `full_heads`. When B < n1 + n2 + 1 the
+// protected ends shrink (n1' = min(n1, ⌊(B−1)/2⌋), n2' = min(n2, B − 1 − n1')) so that at least
+// one compressible entry remains. `opt.halvings` is honoured through resolve_budget (n/2^T).
+//
+// Deviations / decisions:
+// - Steps re-chunk the current (already merged) entries in order; a merged entry sits at its B
+//   entry's place. The paper's Alg. 1 calls Chelsea on the current cache, which implies the same.
+// - #compressible entries in r·(#compressible) is the current compressible count at each step.
+// - r floor: the paper restricts r "to exceed 0" without a value; kvlab uses r_min = 0.05, and
+//   every step merges at least one edge.
+// - Ties in similarity resolve by at::topk / at::max on CPU (deterministic for a given input).
+// - Zero keys get cosine 0 to everything (norm clamped at 1e-12).
+// - Outlier heads (App. B): the score function (chelsea_outlier_scores) and the `full_heads`
+//   parameter ("L:H,L:H", 0-based layer and KV head) are implemented; the WikiText-2 calibration
+//   run that produces the list is not part of this file. The paper reallocates budget across
+//   layers and heads; a compressor sees one layer, so kvlab reallocates within the layer: the
+//   full heads keep all n entries and the other heads share H·B − F·n (equal split, remainder to
+//   the lowest heads). Heads of unequal length are padded with bias −inf.
+// - The generation interval g (Alg. 1) is an argument of ChelseaCache::maybe_compress, not a
+//   replay parameter (replay compresses once).
+#include "kvlab/compress/chelsea.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "kvlab/check.h"
+#include "kvlab/compress/methods.h"
+
+namespace kvlab {
+
+namespace {
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+}
+
+ChelseaEdges chelsea_edges(const at::Tensor& keys, int64_t n1, int64_t n2, int64_t chunk) {
+  // keys [H, n, d]
+  const int64_t h = keys.size(0), n = keys.size(1), d = keys.size(2);
+  const int64_t mc = n - n1 - n2;
+  ChelseaEdges e;
+  auto lopt = keys.options().dtype(at::kLong);
+  if (mc < 2) {
+    e.best = at::empty({h, 0}, keys.options());
+    e.a_pos = at::empty({0}, lopt);
+    e.b_pos = at::empty({h, 0}, lopt);
+    return e;
+  }
+  const int64_t c = chunk > 0 ? std::min(chunk, mc) : mc;
+  const int64_t nc = (mc + c - 1) / c, padded = nc * c, ca = (c + 1) / 2, cb = c / 2;
+  auto kc = keys.narrow(1, n1, mc);                                              // [H, mc, d]
+  auto kn = kc / kc.norm(2, -1, true).clamp_min(1e-12);                          // [H, mc, d]
+  if (padded > mc) kn = at::cat({kn, at::zeros({h, padded - mc, d}, kn.options())}, 1);
+  auto kv = kn.view({h, nc, c, d});                                              // [H, nc, c, d]
+  auto ka = kv.slice(2, 0, c, 2);                                                // [H, nc, ca, d]
+  auto kb = kv.slice(2, 1, c, 2);                                                // [H, nc, cb, d]
+  auto local = at::arange(nc, lopt).view({nc, 1}) * c;                           // [nc, 1]
+  auto a_off = local + at::arange(0, c, 2, lopt).view({1, ca});                  // [nc, ca]
+  auto b_off = local + at::arange(1, c, 2, lopt).view({1, cb});                  // [nc, cb]
+  auto a_ok = a_off < mc;                                                        // [nc, ca]
+  auto b_ok = b_off < mc;                                                        // [nc, cb]
+  auto sim = at::matmul(ka, kb.transpose(-1, -2));                               // [H, nc, ca, cb]
+  sim = sim.masked_fill(b_ok.logical_not().view({1, nc, 1, cb}), kNegInf);
+  auto mx = sim.max(-1);
+  auto best = std::get<0>(mx).masked_fill(a_ok.logical_not().view({1, nc, ca}), kNegInf);
+  auto arg = std::get<1>(mx);                                                    // [H, nc, ca]
+  e.best = best.reshape({h, nc * ca});
+  e.a_pos = a_off.reshape({nc * ca});
+  e.b_pos = (local.view({1, nc, 1}) + 2 * arg + 1).reshape({h, nc * ca});
+  // An A entry has a partner iff its chunk has a valid B entry: every chunk but a 1-entry tail.
+  auto has_b = b_ok.any(1, true).expand({nc, ca});                               // [nc, ca]
+  e.n_valid = (a_ok & has_b).sum().item<int64_t>();
+  return e;
+}
+
+ChelseaCache::ChelseaCache(const ChelseaConfig& cfg, int64_t n_kv_heads)
+    : cfg_(cfg), n_kv_heads_(n_kv_heads), n1_(cfg.n_sink), n2_(cfg.n_recent) {}
+
+void ChelseaCache::append(const at::Tensor& keys, const at::Tensor& values) {
+  // keys, values [H, t, d]
+  auto deg = at::ones({keys.size(0), keys.size(1)}, keys.options());   // [H, t]
+  if (!keys_.defined()) {
+    keys_ = keys.contiguous();
+    values_ = values.contiguous();
+    degree_ = deg;
+  } else {
+    keys_ = at::cat({keys_, keys}, 1);
+    values_ = at::cat({values_, values}, 1);
+    degree_ = at::cat({degree_, deg}, 1);
+  }
+}
+
+bool ChelseaCache::maybe_compress(int64_t budget, int64_t g) {
+  if (size() < budget + g) return false;
+  compress_to(budget);
+  return true;
+}
+
+int64_t ChelseaCache::step(int64_t n_edges) {
+  const int64_t h = n_kv_heads_, m = size();
+  const ChelseaEdges e = chelsea_edges(keys_, n1_, n2_, cfg_.chunk);
+  const int64_t n_merge = std::min(n_edges, e.n_valid);
+  if (n_merge <= 0) return 0;
+  auto top = std::get<1>(e.best.topk(n_merge, 1));                      // [H, E]
+  auto a_pos = e.a_pos.index_select(0, top.reshape({-1})).view({h, n_merge}) + n1_;  // [H, E]
+  auto b_pos = e.b_pos.gather(1, top) + n1_;                            // [H, E]
+
+  // Every entry maps to itself, a merged A entry to its B partner: stars, one B per set.
+  auto target = at::arange(m, a_pos.options()).view({1, m}).repeat({h, 1});  // [H, M]
+  target.scatter_(1, a_pos, b_pos);
+  const int64_t d = keys_.size(2), dv = values_.size(2);
+  auto w = degree_.unsqueeze(-1);                                        // [H, M, 1]
+  auto sum_k = at::zeros_like(keys_).scatter_add_(1, target.unsqueeze(-1).expand({h, m, d}), keys_ * w);
+  auto sum_v = at::zeros_like(values_).scatter_add_(1, target.unsqueeze(-1).expand({h, m, dv}), values_ * w);
+  auto sum_n = at::zeros_like(degree_).scatter_add_(1, target, degree_);  // [H, M]
+  auto keep = at::ones({h, m}, a_pos.options().dtype(at::kBool));
+  keep.scatter_(1, a_pos, false);
+  // nonzero lists (head, index) row-major, so each head's kept indices come out ascending.
+  auto idx = keep.nonzero().select(1, 1).view({h, m - n_merge});         // [H, M - E]
+  auto nk = sum_n.gather(1, idx);                                        // [H, M - E]
+  // Unmerged entries keep their exact key/value (x·N/N can round): take them as they were.
+  auto merged = (nk != degree_.gather(1, idx)).unsqueeze(-1);            // [H, M - E, 1]
+  auto old_k = keys_.gather(1, idx.unsqueeze(-1).expand({h, m - n_merge, d}));
+  auto old_v = values_.gather(1, idx.unsqueeze(-1).expand({h, m - n_merge, dv}));
+  auto new_k = sum_k.gather(1, idx.unsqueeze(-1).expand({h, m - n_merge, d})) / nk.unsqueeze(-1);
+  auto new_v = sum_v.gather(1, idx.unsqueeze(-1).expand({h, m - n_merge, dv})) / nk.unsqueeze(-1);
+  keys_ = at::where(merged, new_k, old_k);
+  values_ = at::where(merged, new_v, old_v);
+  degree_ = nk;
+  return n_merge;
+}
+
+int ChelseaCache::compress_to(int64_t budget) {
+  KVLAB_CHECK(budget >= 1, "chelsea: budget must be >= 1, got {}", budget);
+  n1_ = cfg_.n_sink;
+  n2_ = cfg_.n_recent;
+  if (n1_ + n2_ + 1 > budget) {
+    n1_ = std::min(cfg_.n_sink, (budget - 1) / 2);
+    n2_ = std::min(cfg_.n_recent, budget - 1 - n1_);
+  }
+  int steps = 0;
+  while (size() > budget) {
+    const int64_t mc = size() - n1_ - n2_;
+    const double r = cfg_.step_ratio(steps);
+    int64_t want = std::max<int64_t>(1, static_cast<int64_t>(std::floor(r * static_cast<double>(mc))));
+    want = std::min(want, size() - budget);
+    const int64_t got = step(want);
+    TORCH_INTERNAL_ASSERT(got > 0, "chelsea: no edge left to merge at size ", size());
+    ++steps;
+  }
+  return steps;
+}
+
+at::Tensor chelsea_outlier_scores(const at::Tensor& keys, const ChelseaConfig& cfg,
+                                  double sim_threshold) {
+  // keys [H, n, d] -> [H]
+  const ChelseaEdges e = chelsea_edges(keys, cfg.n_sink, cfg.n_recent, cfg.chunk);
+  KVLAB_CHECK(e.n_valid > 0, "chelsea outlier score: no A entry has a partner (n = {})", keys.size(1));
+  auto valid = e.best > kNegInf;                                              // [H, n_a]
+  auto weak = (e.best < sim_threshold) & valid;                               // [H, n_a]
+  return weak.sum(1).to(at::kDouble) / static_cast<double>(e.n_valid);
+}
+
+std::vector<std::pair<int, int>> chelsea_select_outlier_heads(const at::Tensor& scores,
+                                                              double fraction) {
+  // scores [L, H]
+  const int64_t l = scores.size(0), h = scores.size(1);
+  const int64_t k = static_cast<int64_t>(std::llround(fraction * static_cast<double>(l * h)));
+  std::vector<std::pair<int, int>> out;
+  if (k <= 0) return out;
+  auto top = std::get<1>(scores.reshape({-1}).to(at::kDouble).topk(k));
+  auto acc = top.contiguous();
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t flat = acc[i].item<int64_t>();
+    out.emplace_back(static_cast<int>(flat / h), static_cast<int>(flat % h));
+  }
+  return out;
+}
+
+namespace {
+
+struct Preset {
+  double r_init, alpha;
+  int64_t m;
+};
+// App. C.2.
+const std::map<std::string, Preset>& presets() {
+  static const std::map<std::string, Preset> p = {
+      {"llama2", {0.45, 0.05, 3}}, {"llama3", {0.35, 0.1, 2}}, {"qwen2", {0.2, 0.1, 2}}};
+  return p;
+}
+
+// "L:H,L:H" -> pairs; empty string -> none.
+std::set<std::pair<int64_t, int64_t>> parse_full_heads(const std::string& s) {
+  std::set<std::pair<int64_t, int64_t>> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const auto colon = item.find(':');
+    long long l = -1, h = -1;
+    size_t used_l = 0, used_h = 0;
+    bool ok = colon != std::string::npos;
+    try {
+      if (ok) {
+        l = std::stoll(item.substr(0, colon), &used_l);
+        h = std::stoll(item.substr(colon + 1), &used_h);
+        ok = used_l == colon && used_h == item.size() - colon - 1 && l >= 0 && h >= 0;
+      }
+    } catch (const std::exception&) {
+      ok = false;
+    }
+    KVLAB_CHECK(ok, "chelsea: parameter 'full_heads' must be a list \"layer:head,layer:head\" of "
+                "0-based indices, got '{}' (bad item '{}')", s, item);
+    out.insert({l, h});
+  }
+  return out;
+}
+
+class Chelsea final : public Compressor {
+ public:
+  explicit Chelsea(const nlohmann::json& given_in) {
+    nlohmann::json given = given_in.is_null() ? nlohmann::json::object() : given_in;
+    bool chunk_none = false;
+    if (given.is_object() && given.contains("chunk") && given["chunk"].is_string() &&
+        given["chunk"] == "none") {
+      given.erase("chunk");
+      chunk_none = true;
+    }
+    Params p(given, "chelsea");
+    cfg_.n_sink = p.get_int("n_sink", 16);
+    KVLAB_CHECK(cfg_.n_sink >= 0, "chelsea: parameter 'n_sink' must be >= 0, got {}", cfg_.n_sink);
+    cfg_.n_recent = p.get_int("n_recent", 64);
+    KVLAB_CHECK(cfg_.n_recent >= 0, "chelsea: parameter 'n_recent' must be >= 0, got {}", cfg_.n_recent);
+    if (!chunk_none) {
+      cfg_.chunk = p.get_int("chunk", 256);
+      KVLAB_CHECK(cfg_.chunk >= 2, "chelsea: parameter 'chunk' must be >= 2 or \"none\", got {}",
+                  cfg_.chunk);
+    } else {
+      cfg_.chunk = 0;
+    }
+    const std::string fam = p.get_string("family", "llama2", {"llama2", "llama3", "qwen2"});
+    const Preset pr = presets().at(fam);
+    cfg_.r_init = p.get_double("r_init", pr.r_init);
+    KVLAB_CHECK(cfg_.r_init > 0 && cfg_.r_init <= 0.5, "chelsea: parameter 'r_init' must be in (0, 0.5], got {}",
+                cfg_.r_init);
+    cfg_.alpha = p.get_double("alpha", pr.alpha);
+    KVLAB_CHECK(cfg_.alpha >= 0, "chelsea: parameter 'alpha' must be >= 0, got {}", cfg_.alpha);
+    cfg_.m = p.get_int("m", pr.m);
+    KVLAB_CHECK(cfg_.m >= 0, "chelsea: parameter 'm' must be >= 0, got {}", cfg_.m);
+    cfg_.r_min = p.get_double("r_min", 0.05);
+    KVLAB_CHECK(cfg_.r_min > 0 && cfg_.r_min <= 0.5, "chelsea: parameter 'r_min' must be in (0, 0.5], got {}",
+                cfg_.r_min);
+    full_heads_ = parse_full_heads(p.get_string("full_heads", ""));
+    p.finish();
+    params_ = p.effective();
+    if (chunk_none) params_["chunk"] = "none";
+  }
+
+  std::string name() const override { return "chelsea"; }
+  nlohmann::json params() const override { return params_; }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();
+    const int64_t budget = resolve_budget(opt, n);
+    const std::vector<int64_t> per_head = head_budgets(kv, budget);
+    bool all_full = true;
+    for (int64_t b : per_head) all_full = all_full && b >= n;
+    if (all_full) return keep_all(kv);
+
+    // Heads with equal budgets run together; results are padded to the longest head.
+    std::map<int64_t, std::vector<int64_t>> groups;
+    for (int64_t i = 0; i < h; ++i) groups[std::min(per_head[i], n)].push_back(i);
+    int64_t longest = 0;
+    for (const auto& g : groups) longest = std::max(longest, g.first);
+    const int64_t d = kv.keys.size(2), dv = kv.values.size(2);
+    CompressedKV out;
+    out.keys = at::zeros({h, longest, d}, kv.keys.options());       // [H, m, d]
+    out.values = at::zeros({h, longest, dv}, kv.values.options());  // [H, m, dv]
+    out.bias = at::full({h, longest}, kNegInf, kv.keys.options());   // [H, m]
+    for (const auto& [b, heads] : groups) {
+      auto hi = at::tensor(heads, kv.keys.options().dtype(at::kLong));  // [h_g]
+      ChelseaCache cache(cfg_, static_cast<int64_t>(heads.size()));
+      cache.append(kv.keys.index_select(0, hi), kv.values.index_select(0, hi));
+      cache.compress_to(b);
+      const int64_t m = cache.size();
+      out.keys.narrow(1, 0, m).index_copy_(0, hi, cache.keys());
+      out.values.narrow(1, 0, m).index_copy_(0, hi, cache.values());
+      out.bias.narrow(1, 0, m).index_copy_(0, hi, cache.degree().log());
+    }
+    return out;
+  }
+
+ private:
+  // Per-head budgets of this layer: full heads keep n, the others share the rest (see header).
+  std::vector<int64_t> head_budgets(const LayerKV& kv, int64_t budget) const {
+    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();
+    std::vector<int64_t> out(h, budget);
+    std::vector<bool> full(h, false);
+    int64_t n_full = 0;
+    for (const auto& [l, head] : full_heads_) {
+      if (l != kv.layer) continue;
+      KVLAB_CHECK(head < h, "chelsea: parameter 'full_heads' names head {} of layer {}, which has {} KV heads",
+                  head, l, h);
+      full[head] = true;
+      ++n_full;
+    }
+    if (n_full == 0 || budget >= n) return out;
+    KVLAB_CHECK(n_full < h, "chelsea: parameter 'full_heads' gives every KV head of layer {} the full "
+                "cache; the budget {} cannot be met", kv.layer, budget);
+    const int64_t rest = h * budget - n_full * n, others = h - n_full;
+    KVLAB_CHECK(rest >= others, "chelsea: parameter 'full_heads' leaves {} entries for {} heads of "
+                "layer {} (budget {} per head, n = {}); list fewer heads or raise the budget", rest,
+                others, kv.layer, budget, n);
+    int64_t extra = rest % others, seen = 0;
+    for (int64_t i = 0; i < h; ++i) {
+      if (full[i]) {
+        out[i] = n;
+        continue;
+      }
+      out[i] = rest / others + (seen++ < extra ? 1 : 0);
+    }
+    return out;
+  }
+
+  ChelseaConfig cfg_;
+  std::set<std::pair<int64_t, int64_t>> full_heads_;
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_chelsea(const nlohmann::json& params) {
+  return std::make_unique<Chelsea>(params);
+}
+
+}  // namespace kvlab
