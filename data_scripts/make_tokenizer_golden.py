@@ -91,6 +91,17 @@ def main():
                 "decoded": tok.decode(ids_special, skip_special_tokens=False),
                 "decoded_skip_special": tok.decode(ids_special, skip_special_tokens=True),
             })
+        spm_path = os.path.join(args.shared, "tokenizers", name, "tokenizer.model")
+        if name == "llama2" and os.path.exists(spm_path):
+            import sentencepiece
+            sp = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+            for i in range(sp.get_piece_size()):
+                piece = sp.id_to_piece(i)
+                want = 0.0 if i < 259 else (-1e9 if set(piece) == {"\u2581"} else -(i - 259))
+                assert sp.get_score(i) == want, (i, piece, sp.get_score(i))
+            for c in cases:
+                if not any(t in c["text"] for t in ("<s>", "</s>", "<unk>")):
+                    c["ids_spm"] = sp.encode(c["text"])
         doc = {
             "schema_version": 1,
             "tokenizer": f"tokenizers/{name}/tokenizer.json",

@@ -7,6 +7,7 @@ set(KVLAB_MODEL_SOURCES
   kvlab/rope.cpp
   kvlab/weights_loader.cpp
   kvlab/tokenizer.cpp kvlab/tokenizer_load.cpp kvlab/bpe.cpp kvlab/pretokenize.cpp
+  kvlab/sentencepiece_model.cpp kvlab/chat_template.cpp kvlab/datasets.cpp
 )
 if(KVLAB_MODEL_SOURCES)
   kvlab_library(kvlab_model ${KVLAB_MODEL_SOURCES})

@@ -2,5 +2,6 @@
 kvlab_test(test_model
   SOURCES
     model/test_weights.cpp
+    model/test_tokenizer.cpp
   LIBS kvlab_model
   LABELS unit)

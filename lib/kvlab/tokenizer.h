@@ -6,6 +6,8 @@
 //       - SentencePiece-style BPE (Llama 2, Mistral): normalizer (Prepend "▁", Replace " "->"▁"),
 //         merges by rank, `<0xXX>` byte fallback, decoder chain (Replace, ByteFallback, Fuse, Strip).
 //   * GGUF-embedded vocabularies (`tokenizer.ggml.model` "gpt2" or "llama"), fed as plain vectors.
+//   * SentencePiece `tokenizer.model` (BPE type, identity normalizer: Llama 2, Mistral), read
+//     without libsentencepiece; same score-based merges as GGUF "llama".
 //   * llama2.c's legacy `tokenizer.bin` (e.g. tok512.bin of stories260K).
 // Ids match the Python `tokenizers` library on the golden text set (tests/model/test_tokenizer.cpp).
 //
@@ -51,7 +53,10 @@ class Tokenizer {
   static Tokenizer from_vocab(const TokenizerVocab& vocab);
   // llama2.c's tokenizer.bin: int32 max_token_len, then per piece float32 score, int32 len, bytes.
   static Tokenizer from_llama2c_file(const std::string& path);
-  // A model directory: tokenizer.json, else tokenizer.bin / tok*.bin (llama2.c); or a file path.
+  // SentencePiece tokenizer.model (protobuf); BOS added by encode(add_bos=true).
+  static Tokenizer from_sentencepiece_file(const std::string& path);
+  // A model directory: tokenizer.json, else tokenizer.model, else tokenizer.bin / tok*.bin
+  // (llama2.c); or the path of one such file.
   static Tokenizer from_model_dir(const std::string& dir);
 
   // add_bos: add the special tokens the tokenizer itself adds (tokenizer.json post_processor,

@@ -530,11 +530,14 @@ Tokenizer Tokenizer::from_model_dir(const std::string& dir) {
   const fs::path p(dir);
   if (fs::is_regular_file(p)) {
     if (p.extension() == ".json") return from_file(p.string());
+    if (p.extension() == ".model") return from_sentencepiece_file(p.string());
     if (p.extension() == ".bin") return from_llama2c_file(p.string());
-    KVLAB_FAIL("tokenizer file '{}': expected tokenizer.json or a llama2.c tokenizer .bin", dir);
+    KVLAB_FAIL("tokenizer file '{}': expected tokenizer.json, a SentencePiece .model or a llama2.c "
+               "tokenizer .bin", dir);
   }
   KVLAB_CHECK(fs::is_directory(p), "model directory '{}' does not exist", dir);
   if (fs::exists(p / "tokenizer.json")) return from_file((p / "tokenizer.json").string());
+  if (fs::exists(p / "tokenizer.model")) return from_sentencepiece_file((p / "tokenizer.model").string());
   if (fs::exists(p / "tokenizer.bin")) return from_llama2c_file((p / "tokenizer.bin").string());
   std::vector<fs::path> bins;
   for (const auto& e : fs::directory_iterator(p)) {
@@ -542,9 +545,8 @@ Tokenizer Tokenizer::from_model_dir(const std::string& dir) {
     if (name.rfind("tok", 0) == 0 && e.path().extension() == ".bin") bins.push_back(e.path());
   }
   KVLAB_CHECK(bins.size() == 1,
-              "model directory '{}': no tokenizer found (looked for tokenizer.json, tokenizer.bin, "
-              "tok*.bin; found {} tok*.bin; SentencePiece tokenizer.model is not supported: convert it "
-              "to tokenizer.json)", dir, bins.size());
+              "model directory '{}': no tokenizer found (looked for tokenizer.json, tokenizer.model, "
+              "tokenizer.bin, tok*.bin; found {} tok*.bin)", dir, bins.size());
   return from_llama2c_file(bins[0].string());
 }
 
