@@ -1,0 +1,95 @@
+// kvlab bench prefill --model M --tokens N [--reps R] [--dtype fp32] [--device cpu] [--json]
+// Prefill throughput (tokens/s) of the forward pass with exact attention, logits of the last
+// position only. The prompt is the fixed id sequence id_i = 100 + (i * 7919) % (vocab - 100),
+// which bench/prefill_transformers.py uses too, so both sides see the same tokens.
+// Compare with transformers: bench/prefill_compare.sh.
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/model.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct PrefillBenchOptions {
+  std::string model = "smollm2-135m";
+  int64_t tokens = 512;
+  int reps = 3;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  bool json = false;
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)");
+    f.add("tokens", tokens, "prompt length");
+    f.add("reps", reps, "timed repetitions after one warm-up (median reported)");
+    f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("json", json, "print JSON instead of text");
+  }
+};
+
+void run_prefill_bench(const PrefillBenchOptions& o) {
+  KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
+  KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.device = parse_device(o.device, "--device");
+  Model model = load_model(o.model, lo);
+  const int64_t vocab = model.config.vocab_size;
+  KVLAB_CHECK(vocab > 100, "bench prefill needs a vocabulary > 100, model has {}", vocab);
+  std::vector<int64_t> ids(o.tokens);
+  for (int64_t i = 0; i < o.tokens; ++i) ids[i] = 100 + (i * 7919) % (vocab - 100);
+  at::Tensor tokens = at::tensor(ids, at::kLong);  // [N]
+  c10::InferenceMode guard;
+  ExactAttention attn(model.config.n_layers);
+  auto once = [&] {
+    attn.reset();
+    at::Tensor logits = forward(model, tokens, 0, attn);  // [1, vocab]
+    (void)logits.sum().item<double>();                    // waits for the device
+  };
+  once();  // warm-up
+  std::vector<double> t;
+  for (int r = 0; r < o.reps; ++r) {
+    auto a = std::chrono::steady_clock::now();
+    once();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  const double med = t[t.size() / 2];
+  const double tps = o.tokens / med;
+  if (o.json) {
+    nlohmann::json j = {{"impl", "kvlab"}, {"model", model.id}, {"tokens", o.tokens},
+                        {"threads", at::get_num_threads()}, {"dtype", o.dtype},
+                        {"device", model.device.str()}, {"seconds", med}, {"tokens_per_s", tps}};
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  fmt::print("kvlab prefill: model={} tokens={} threads={} dtype={} device={}  {:.3f} s  {:.1f} tokens/s\n",
+             model.id, o.tokens, at::get_num_threads(), o.dtype, model.device.str(), med, tps);
+}
+
+}  // namespace
+
+void setup_bench_prefill(CLI::App& app) {
+  auto& bench = bench_group(app);
+  auto opts = std::make_shared<PrefillBenchOptions>();
+  auto cmd = std::make_shared<Command>(bench, "prefill", "Model prefill throughput in tokens/s");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_prefill_bench(*opts);
+  });
+}
+
+}  // namespace kvlab::cli

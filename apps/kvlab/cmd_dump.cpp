@@ -1,0 +1,240 @@
+// kvlab dump --model M (--dataset SPEC | --prompt-file F | --prompt TEXT) [--samples N]
+//            [--max-tokens N] [--layers all|0,1,4] [--queries all|last:256]
+//            [--dtype float32|float16|bfloat16] [--out F.h5]
+// Runs one prefill per prompt with a QkvTap that hands each wanted layer's post-RoPE q/k/v to the
+// CaptureWriter as soon as the layer produces it, so memory never holds more than one layer's
+// q/k/v (peak memory is nearly independent of the number of captured layers).
+// Prompts longer than --max-tokens keep their first and last max_tokens/2 tokens (LongBench rule).
+#include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "commands.h"
+#include "kvlab/capture.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/datasets.h"
+#include "kvlab/model.h"
+#include "kvlab/model_tokenizer.h"
+#include "kvlab/progress.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct DumpOptions {
+  std::string model;
+  std::string dataset;
+  std::string prompt_file;
+  std::string prompt;
+  int64_t samples = -1;
+  int64_t max_tokens = 0;
+  std::string layers = "all";
+  std::string queries = "all";
+  std::string dtype = "float32";
+  std::string compute_dtype = "fp32";
+  std::string device = "cpu";
+  std::string chat_template = "auto";
+  std::string out = "capture.h5";
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
+    f.add("dataset", dataset, "JSONL prompt source (LongBench, LongEval, XSUM or {prompt|text} records)");
+    f.add("prompt_file", prompt_file, "a text file used as one prompt");
+    f.add("prompt", prompt, "one prompt given inline");
+    f.add("samples", samples, "number of records to dump from --dataset (-1 = all)");
+    f.add("max_tokens", max_tokens, "truncate longer prompts in the middle (0 = the model's context length)");
+    f.add("layers", layers, "'all' or comma-separated 0-based layer indices");
+    f.add("queries", queries, "'all' or 'last:N': query positions stored per sample");
+    f.add("dtype", dtype, "storage dtype of q/k/v").one_of({"float32", "float16", "bfloat16"});
+    f.add("compute_dtype", compute_dtype, "forward-pass dtype: fp32 | bf16 | fp16");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("chat_template", chat_template, "none | auto | a template name (records may opt out)");
+    f.add("out", out, "output capture file (.h5)");
+  }
+};
+
+std::vector<int> parse_layers(const std::string& s, int64_t n_layers) {
+  std::vector<int> out;
+  if (s == "all") {
+    for (int i = 0; i < n_layers; ++i) out.push_back(i);
+    return out;
+  }
+  std::set<int> seen;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int v = -1;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVLAB_CHECK(!item.empty() && used == item.size(), "--layers '{}': '{}' is not an integer "
+                "(expected 'all' or e.g. 0,1,4)", s, item);
+    KVLAB_CHECK(v >= 0 && v < n_layers, "--layers '{}': layer {} out of range [0, {}) for this "
+                "model", s, v, n_layers);
+    seen.insert(v);
+  }
+  KVLAB_CHECK(!seen.empty(), "--layers '{}': no layer given", s);
+  return {seen.begin(), seen.end()};
+}
+
+// "all" -> -1; "last:N" -> N.
+int64_t parse_queries(const std::string& s) {
+  if (s == "all") return -1;
+  const std::string prefix = "last:";
+  int64_t n = 0;
+  size_t used = 0;
+  bool ok = s.compare(0, prefix.size(), prefix) == 0 && s.size() > prefix.size();
+  if (ok) {
+    try {
+      n = std::stoll(s.substr(prefix.size()), &used);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  KVLAB_CHECK(ok && used == s.size() - prefix.size() && n >= 1,
+              "--queries '{}': expected 'all' or 'last:N' with N >= 1", s);
+  return n;
+}
+
+std::string read_text(const std::string& path, const std::string& flag) {
+  std::ifstream f(path, std::ios::binary);
+  KVLAB_CHECK(f.good(), "{} {}: cannot open", flag, path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Writes each wanted layer as it arrives.
+struct CaptureTap : QkvTap {
+  CaptureWriter* writer = nullptr;
+  std::vector<bool> wanted;  // by layer
+  Progress* progress = nullptr;
+  bool wants(int layer) const override { return wanted.at(layer); }
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+    writer->write_layer(layer, q, k, v);  // q [Hq, T, d] (writer keeps the last n_q), k/v [Hkv, T, d]
+    if (progress) progress->advance(1);
+  }
+};
+
+int64_t peak_rss_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+void run_dump(const DumpOptions& o) {
+  const int n_sources = !o.dataset.empty() + !o.prompt_file.empty() + !o.prompt.empty();
+  KVLAB_CHECK(n_sources == 1, "give exactly one of --dataset, --prompt-file, --prompt (found {})",
+              n_sources);
+  KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 or -1 (all), got {}", o.samples);
+  KVLAB_CHECK(o.max_tokens >= 0, "--max-tokens must be >= 0, got {}", o.max_tokens);
+  const at::ScalarType storage = parse_storage_dtype(o.dtype, "--dtype");
+  const int64_t last_q = parse_queries(o.queries);
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.compute_dtype, "--compute-dtype");
+  lo.device = parse_device(o.device, "--device");
+  ModelSource src = resolve_model(o.model, "--model");
+
+  // Prompts first, so a bad --dataset fails before the model loads.
+  std::vector<PromptRecord> records;
+  std::string source_name;
+  if (!o.dataset.empty()) {
+    DatasetOptions dso;
+    dso.max_samples = o.samples;
+    records = read_dataset(o.dataset, dso).records;
+    KVLAB_CHECK(!records.empty(), "--dataset {}: no records", o.dataset);
+    source_name = o.dataset;
+  } else {
+    PromptRecord r;
+    r.id = "prompt";
+    r.prompt = o.prompt_file.empty() ? o.prompt : read_text(o.prompt_file, "--prompt-file");
+    records.push_back(r);
+    source_name = o.prompt_file.empty() ? "prompt" : o.prompt_file;
+  }
+
+  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  const ModelConfig& c = model.config;
+  Tokenizer tok = load_model_tokenizer(src);
+  const std::vector<int> layers = parse_layers(o.layers, c.n_layers);
+  int64_t max_tokens = o.max_tokens;
+  if (max_tokens == 0) max_tokens = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
+
+  CaptureMeta meta;
+  meta.model_id = model.id;
+  meta.architecture = c.architecture;
+  meta.n_layers = static_cast<int>(c.n_layers);
+  meta.n_q_heads = static_cast<int>(c.n_q_heads);
+  meta.n_kv_heads = static_cast<int>(c.n_kv_heads);
+  meta.head_dim = static_cast<int>(c.head_dim);
+  meta.rope_theta = c.rope_theta;
+  meta.rope_scaling = c.rope_scaling.to_json();
+  meta.dtype = storage_dtype_name(storage);
+  meta.layers = layers;
+  meta.queries = o.queries;
+  meta.source_dataset = source_name;
+
+  CaptureWriter writer(o.out, meta);
+  Progress progress("dump", static_cast<int64_t>(records.size() * layers.size()));
+  CaptureTap tap;
+  tap.writer = &writer;
+  tap.wanted.assign(c.n_layers, false);
+  for (int l : layers) tap.wanted[l] = true;
+  tap.progress = &progress;
+  ExactAttention attn(c.n_layers);
+  ForwardOptions fo;
+  fo.tap = &tap;
+  fo.logits = false;
+  int64_t total_tokens = 0, n_truncated = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < records.size(); ++i) {
+    const PromptRecord& r = records[i];
+    const std::string tmpl = r.use_chat_template ? o.chat_template : "none";
+    const std::string text = apply_model_chat_template(tmpl, src, tok, r.prompt);
+    std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/true);
+    if (static_cast<int64_t>(ids.size()) > max_tokens) {
+      ids = truncate_middle(ids, max_tokens);
+      ++n_truncated;
+    }
+    KVLAB_CHECK(!ids.empty(), "sample {} ('{}'): the prompt has no tokens", i, r.id);
+    at::Tensor tokens = at::tensor(ids, at::kLong);  // [T]
+    const int64_t T = tokens.numel();
+    const int64_t n_q = last_q < 0 ? T : std::min(last_q, T);
+    const std::string sid = r.id.empty() ? fmt::format("{}", i) : r.id;
+    writer.begin_sample(sid, tokens, n_q);
+    attn.reset();
+    forward(model, tokens, 0, attn, fo);
+    writer.end_sample();
+    total_tokens += T;
+  }
+  writer.finish();
+  progress.finish();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "[dump] wrote {}: {} samples, {} tokens ({} truncated to {}), {} layers, "
+             "queries {}, {:.1f} s, peak RSS {:.1f} MiB\n", o.out, records.size(), total_tokens,
+             n_truncated, max_tokens, layers.size(), o.queries, s, peak_rss_kib() / 1024.0);
+}
+
+}  // namespace
+
+void setup_dump(CLI::App& app) {
+  auto opts = std::make_shared<DumpOptions>();
+  auto cmd = std::make_shared<Command>(app, "dump", "Capture post-RoPE q/k/v of a model's prefill into an HDF5 capture");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_dump(*opts);
+  });
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,155 @@
+// kvlab generate --model M (--prompt TEXT | --prompt-ids 1,2,3) [--chat-template none|auto|NAME]
+//                [--max-new-tokens N] [--logits-out F.json] [--dtype fp32|bf16|fp16] [--device cpu|cuda]
+// Greedy decoding with the exact KV cache: one prefill, then one-token steps. Prints the text
+// (stdout, generated tokens only) and the ids (prompt + generated); --logits-out writes every step's full logits.
+#include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/model.h"
+#include "kvlab/model_tokenizer.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct GenerateCmdOptions {
+  std::string model;
+  std::string prompt;
+  std::string prompt_ids;  // "1,2,3": skips the tokenizer and the chat template
+  std::string chat_template = "auto";
+  int64_t max_new_tokens = 64;
+  bool ignore_eos = false;
+  std::string logits_out;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  bool json = false;
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
+    f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
+    f.add("prompt_ids", prompt_ids, "comma-separated token ids; skips tokenizer and chat template");
+    f.add("chat_template", chat_template, "none | auto | a template name (chatml, llama3, ...)");
+    f.add("max_new_tokens", max_new_tokens, "tokens to generate");
+    f.add("ignore_eos", ignore_eos, "keep generating after an end-of-sequence token");
+    f.add("logits_out", logits_out, "write each step's full logits to this JSON file");
+    f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("json", json, "print one JSON object instead of text");
+  }
+};
+
+std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
+  std::vector<int64_t> ids;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(pos, end - pos);
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KVLAB_CHECK(!item.empty() && used == item.size() && v >= 0,
+                "{} '{}': expected comma-separated non-negative integers, bad item '{}'", flag, s,
+                item);
+    ids.push_back(v);
+    pos = end + 1;
+  }
+  return ids;
+}
+
+void run_generate(const GenerateCmdOptions& o) {
+  KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
+              "give exactly one of --prompt and --prompt-ids");
+  KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.device = parse_device(o.device, "--device");
+  ModelSource src = resolve_model(o.model, "--model");
+  auto t0 = std::chrono::steady_clock::now();
+  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::unique_ptr<Tokenizer> tok;
+  std::vector<int64_t> prompt_ids;
+  std::string template_name = "none";
+  if (!o.prompt_ids.empty()) {
+    prompt_ids = parse_ids(o.prompt_ids, "--prompt-ids");
+  } else {
+    tok = std::make_unique<Tokenizer>(load_model_tokenizer(src));
+    const std::string text = apply_model_chat_template(o.chat_template, src, *tok, o.prompt, &template_name);
+    prompt_ids = tok->encode(text, /*add_bos=*/true);
+  }
+  if (!tok) {
+    try {
+      tok = std::make_unique<Tokenizer>(load_model_tokenizer(src));  // for printing text only
+    } catch (const Error&) {
+    }
+  }
+  fmt::print(stderr, "[generate] {} ({} layers, {:.1f} M parameters, {} on {}) loaded in {:.2f} s; "
+             "prompt {} tokens, chat template {}\n", model.id, model.config.n_layers,
+             n_parameters(model) / 1e6, o.dtype, model.device.str(), load_s, prompt_ids.size(),
+             template_name);
+
+  ExactAttention attn(model.config.n_layers);
+  GenerateOptions go;
+  go.max_new_tokens = o.max_new_tokens;
+  go.stop_at_eos = !o.ignore_eos;
+  std::vector<std::vector<float>> step_logits;
+  if (!o.logits_out.empty())
+    go.on_logits = [&](int64_t, const at::Tensor& l) {
+      at::Tensor c = l.to(at::kCPU, at::kFloat).contiguous();  // [vocab]
+      step_logits.emplace_back(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+    };
+  t0 = std::chrono::steady_clock::now();
+  std::vector<int64_t> out = generate_greedy(model, prompt_ids, attn, go);
+  const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string text = tok ? tok->decode(out) : std::string();
+  std::vector<int64_t> all_ids = prompt_ids;  // prompt + generated, like reference_greedy.json
+  all_ids.insert(all_ids.end(), out.begin(), out.end());
+
+  if (!o.logits_out.empty()) {
+    nlohmann::json j = {{"model", model.id}, {"prompt_ids", prompt_ids}, {"generated_ids", out},
+                        {"vocab_size", model.config.vocab_size}, {"logits", step_logits}};
+    std::ofstream f(o.logits_out);
+    KVLAB_CHECK(f.good(), "--logits-out {}: cannot open for writing", o.logits_out);
+    f << j.dump() << "\n";
+    KVLAB_CHECK(f.good(), "--logits-out {}: write failed", o.logits_out);
+  }
+  if (o.json) {
+    nlohmann::json j = {{"model", model.id}, {"prompt_ids", prompt_ids}, {"generated_ids", out},
+                        {"ids", all_ids}, {"text", text}, {"chat_template", template_name}, {"seconds", gen_s}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    fmt::print("{}\n", text);
+    fmt::print("ids: {}\n", fmt::join(all_ids, ","));  // prompt + generated
+  }
+  fmt::print(stderr, "[generate] {} tokens in {:.2f} s ({:.1f} tokens/s)\n", out.size(), gen_s,
+             out.size() / std::max(gen_s, 1e-9));
+}
+
+}  // namespace
+
+void setup_generate(CLI::App& app) {
+  auto opts = std::make_shared<GenerateCmdOptions>();
+  auto cmd = std::make_shared<Command>(app, "generate", "Greedy decoding with a model (prints text and ids)");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_generate(*opts);
+  });
+}
+
+}  // namespace kvlab::cli
