@@ -5,7 +5,8 @@ Run (from the repository root, with the packages of data_scripts/requirements.tx
     /opt/kvlab-py/bin/python data_scripts/make_gguf_fixtures.py
 Outputs (committed, each < 100 KB), all under tests/fixtures/gguf/:
     quants.gguf                  GGUF v3: one tensor per ggml type kvlab dequantizes (F32, F16, BF16,
-                                 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K; odd row counts, a 3-D one),
+                                 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+                                 Q6_K; odd row counts, a 3-D one),
                                  metadata of every value type incl. nested arrays, llama.* hparams
                                  and a small tokenizer.ggml.* vocabulary.
     quants.expected.safetensors  float32 reference values from gguf.quants.dequantize (numpy), same
@@ -48,6 +49,12 @@ def random_kquant_bytes(qtype, rows, cols):
         raw[:, 0:4] = scales
     elif qtype == Q.Q6_K:    # fp16 d at the end
         raw[:, 208:210] = scales[:, 0:2]
+    elif qtype == Q.Q5_K:    # fp16 d, fp16 dmin at the start
+        raw[:, 0:4] = scales
+    elif qtype == Q.Q3_K:    # fp16 d at the end
+        raw[:, 108:110] = scales[:, 0:2]
+    elif qtype == Q.Q2_K:    # fp16 d, fp16 dmin at the end
+        raw[:, 80:84] = scales
     return raw.reshape(rows, cols // block * size)
 
 
@@ -71,7 +78,9 @@ def main():
         w.add_tensor(name, q, raw_dtype=qtype)
         expected[name] = gguf.quants.dequantize(q, qtype).reshape(shape)
 
-    for name, qtype, shape in [("t.q4_k", Q.Q4_K, (3, 256)), ("t.q6_k", Q.Q6_K, (2, 512))]:
+    for name, qtype, shape in [("t.q4_k", Q.Q4_K, (3, 256)), ("t.q6_k", Q.Q6_K, (2, 512)),
+                               ("t.q5_k", Q.Q5_K, (2, 256)), ("t.q3_k", Q.Q3_K, (2, 256)),
+                               ("t.q2_k", Q.Q2_K, (3, 256))]:
         q = random_kquant_bytes(qtype, *shape)
         w.add_tensor(name, q, raw_dtype=qtype)
         expected[name] = gguf.quants.dequantize(q, qtype).reshape(shape)

@@ -321,6 +321,81 @@ void dequant_q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// Q5_K: {fp16 d; fp16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K plus a 5th bit from qh.
+void dequant_q5_k(const uint8_t* b, float* y) {
+  const float d = load_fp16(b), dmin = load_fp16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  int is = 0;
+  unsigned u1 = 1, u2 = 2;
+  for (int j = 0; j < 256; j += 64) {
+    int sc, m;
+    scale_min_k4(is, scales, &sc, &m);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
+    scale_min_k4(is + 1, scales, &sc, &m);
+    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((ql[l] & 0x0F) + ((qh[l] & u1) ? 16 : 0)) - m1;
+    for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+    ql += 32;
+    is += 2;
+    u1 <<= 2;
+    u2 <<= 2;
+  }
+}
+
+// Q2_K: {u8 scales[16]; u8 qs[64]; fp16 d; fp16 dmin}: 2-bit values, 4-bit scale and min per 16.
+void dequant_q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* q = b + 16;
+  const float d = load_fp16(b + 80), dmin = load_fp16(b + 82);
+  int is = 0;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t sc = scales[is++];
+        const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * half] >> shift) & 3) - ml;
+      }
+      shift += 2;
+    }
+    q += 32;
+  }
+}
+
+// Q3_K: {u8 hmask[32]; u8 qs[64]; u8 scales[12]; fp16 d}: 2 low bits in qs, the high bit in hmask
+// (set = no offset, clear = -4), sixteen 6-bit scales (offset 32) packed in 12 bytes.
+void dequant_q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hm = b;
+  const uint8_t* q = b + 32;
+  const float d_all = load_fp16(b + 108);
+  uint32_t aux[4];
+  std::memcpy(aux, b + 96, 12);
+  const uint32_t kmask1 = 0x03030303u, kmask2 = 0x0f0f0f0fu, tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+  aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+  aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+  aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+  int8_t scales[16];
+  std::memcpy(scales, aux, 16);
+  int is = 0;
+  unsigned m = 1;
+  for (int n = 0; n < 256; n += 128) {
+    int shift = 0;
+    for (int j = 0; j < 4; ++j) {
+      for (int half = 0; half < 2; ++half) {
+        const float dl = d_all * static_cast<float>(scales[is++] - 32);
+        for (int l = 16 * half; l < 16 * half + 16; ++l)
+          *y++ = dl * static_cast<float>(((q[l] >> shift) & 3) - ((hm[l] & m) ? 0 : 4));
+      }
+      shift += 2;
+      m <<= 1;
+    }
+    q += 32;
+  }
+}
+
 using BlockFn = void (*)(const uint8_t*, float*);
 
 BlockFn block_dequantizer(GgmlType t) {
@@ -332,6 +407,9 @@ BlockFn block_dequantizer(GgmlType t) {
     case GgmlType::Q8_0: return dequant_q8_0;
     case GgmlType::Q4_K: return dequant_q4_k;
     case GgmlType::Q6_K: return dequant_q6_k;
+    case GgmlType::Q5_K: return dequant_q5_k;
+    case GgmlType::Q3_K: return dequant_q3_k;
+    case GgmlType::Q2_K: return dequant_q2_k;
     default: return nullptr;
   }
 }
@@ -495,7 +573,7 @@ at::Tensor gguf_dequantize(const GgufTensorInfo& info) {
   }
   const BlockFn fn = block_dequantizer(info.type);
   KVLAB_CHECK(fn, "tensor '{}' has ggml type {}, which kvlab cannot dequantize (supported: F32, F16, BF16, Q8_0, "
-              "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)",
+              "Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
               info.name, ggml_type_name(info.type));
   const TypeTraits* tt = find_type(static_cast<uint32_t>(info.type));
   at::Tensor out = at::empty(info.shape, opts);  // [info.shape] float32

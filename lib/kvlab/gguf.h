@@ -12,7 +12,7 @@
 // Every count, string length, dimension, offset and byte size is checked against the file before it
 // is used, so a hostile file gives a kvlab::Error, never a crash or a huge allocation.
 // Tensors are dequantized to float32 on load: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q4_K, Q6_K (ggml's block layouts; reference formulas in gguf.cpp).
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (ggml's block layouts; reference formulas in gguf.cpp).
 #pragma once
 
 #include "kvlab/safetensors.h"  // MappedFile

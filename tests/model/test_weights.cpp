@@ -470,10 +470,10 @@ TEST_CASE("gguf: hostile headers") {
                          doctest::Contains("duplicate tensor name 'a'"), Error);
   }
   SUBCASE("types without a dequantizer are named") {
-    const std::string bytes = GgufBuilder(1, 0).tensor("w", {256}, 10, 0).with_data(84);  // Q2_K
+    const std::string bytes = GgufBuilder(1, 0).tensor("w", {256}, 16, 0).with_data(66);  // IQ2_XXS
     const kvlab::GgufContents c = parse_gg(bytes);
     CHECK_THROWS_WITH_AS(kvlab::gguf_dequantize(c.tensors[0]),
-                         doctest::Contains("tensor 'w' has ggml type Q2_K, which kvlab cannot dequantize"), Error);
+                         doctest::Contains("tensor 'w' has ggml type IQ2_XXS, which kvlab cannot dequantize"), Error);
   }
 }
 
