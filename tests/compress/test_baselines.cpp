@@ -17,6 +17,7 @@
 #include "kvlab/check.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/h2o.h"
+#include "kvlab/compress/query_scores.h"
 #include "kvlab/compress/snapkv.h"
 #include "kvlab/synthetic.h"
 
@@ -324,6 +325,9 @@ TEST_CASE("baselines: h2o keeps the recent window + top accumulated scores (naiv
                              {"sum", "all", false, 33, 0.25}, {"mean", "window", false, 20, 0.5},
                              {"mean", "all", true, 20, 0.5},  {"mean", "all", false, 9, 0.0},
                              {"max", "window", true, 30, 1.0}};
+  // Scoring in query chunks (memory O(chunk·n)) sums to the same as one pass.
+  CHECK(at::allclose(kvlab::detail::accumulated_attention(kv, "mean", 4),
+                     kvlab::detail::accumulated_attention(kv, "mean", 256), 1e-12, 1e-14));
   for (const auto& v : variants) {
     INFO("gqa_reduce=", v.reduce, " h2o_queries=", v.queries, " normalize=", v.normalize,
          " budget=", v.b, " recent_ratio=", v.recent_ratio);
