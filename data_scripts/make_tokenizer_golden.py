@@ -8,6 +8,15 @@ tests/fixtures/tokenizer_golden/{smollm2,llama2}.json: per case the text, the id
 with the tokenizer's own special tokens (add_special_tokens), and decode() of the latter with
 and without skip_special_tokens.
 
+For Llama 2 each case without special-token strings also gets "ids_spm": the ids of the
+`sentencepiece` library on tokenizer.model (kvlab reads that file itself and runs the
+score-based SPM BPE of its GGUF "llama" path, as llama.cpp does).
+
+Note: ../shared/tokenizers/llama2/tokenizer.json does not carry Llama 2's ids: its vocabulary
+has "▁" = 28705 and "▁Hello" = 22557 (Mistral-7B's), while tokenizer.model beside it is Llama 2
+("▁" = 29871). Both are SentencePiece BPE, so each checks its own path: "ids" come from the
+.json, "ids_spm" from the .model.
+
 Run: /opt/kvlab-py/bin/python data_scripts/make_tokenizer_golden.py [--shared ../shared]
 """
 import argparse
@@ -95,10 +104,6 @@ def main():
         if name == "llama2" and os.path.exists(spm_path):
             import sentencepiece
             sp = sentencepiece.SentencePieceProcessor(model_file=spm_path)
-            for i in range(sp.get_piece_size()):
-                piece = sp.id_to_piece(i)
-                want = 0.0 if i < 259 else (-1e9 if set(piece) == {"\u2581"} else -(i - 259))
-                assert sp.get_score(i) == want, (i, piece, sp.get_score(i))
             for c in cases:
                 if not any(t in c["text"] for t in ("<s>", "</s>", "<unk>")):
                     c["ids_spm"] = sp.encode(c["text"])

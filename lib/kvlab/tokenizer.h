@@ -62,6 +62,8 @@ class Tokenizer {
   // add_bos: add the special tokens the tokenizer itself adds (tokenizer.json post_processor,
   // tokenizer_config.json add_bos_token, GGUF add_bos_token). SmolLM2 adds none, as in
   // transformers. Special tokens written in `text` (e.g. "<|im_start|>") are always parsed.
+  // Throws kvlab::Error only for a character the vocabulary cannot express at all (no piece,
+  // no byte fallback, no unk token); byte-level and byte-fallback vocabularies never do.
   std::vector<int64_t> encode(std::string_view text, bool add_bos) const;
   // Invalid UTF-8 from partial byte tokens becomes U+FFFD, as in `tokenizers`.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special = false) const;
