@@ -67,12 +67,17 @@ uint64_t read_u64_le(const uint8_t* p) {
   return v;
 }
 
+// JSON text for error messages; never throws on invalid UTF-8 inside strings.
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // A JSON value that must be a non-negative integer fitting in uint64.
 uint64_t as_u64(const nlohmann::json& j, const std::string& source, const std::string& name,
                 const char* field) {
   KVLAB_CHECK(j.is_number_unsigned() || (j.is_number_integer() && j.get<int64_t>() >= 0),
               "{}: tensor '{}': {} must hold non-negative integers, found {}", source, name, field,
-              j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+              dump(j));
   return j.get<uint64_t>();
 }
 
@@ -164,16 +169,16 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
     for (const auto& d : jshape) {
       const uint64_t dim = as_u64(d, source, name, "shape");
       KVLAB_CHECK(dim <= static_cast<uint64_t>(INT64_MAX) && !__builtin_mul_overflow(numel, dim, &numel),
-                  "{}: tensor '{}': shape {} overflows", source, name, jshape.dump());
+                  "{}: tensor '{}': shape {} overflows", source, name, dump(jshape));
       view.shape.push_back(static_cast<int64_t>(dim));
     }
     uint64_t expected_bytes = 0;
     KVLAB_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(elem_size), &expected_bytes),
-                "{}: tensor '{}': shape {} overflows", source, name, jshape.dump());
+                "{}: tensor '{}': shape {} overflows", source, name, dump(jshape));
 
     KVLAB_CHECK(joffsets.is_array() && joffsets.size() == 2,
                 "{}: tensor '{}': data_offsets must be [begin, end], found {}", source, name,
-                joffsets.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+                dump(joffsets));
     const uint64_t begin = as_u64(joffsets[0], source, name, "data_offsets");
     const uint64_t end = as_u64(joffsets[1], source, name, "data_offsets");
     KVLAB_CHECK(begin <= end, "{}: tensor '{}': data_offsets [{}, {}] has begin > end", source, name, begin,
@@ -184,7 +189,7 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* data, size_t size, con
     KVLAB_CHECK(end - begin == expected_bytes,
                 "{}: tensor '{}': shape {} x {} ({} bytes/element) needs {} bytes but data_offsets [{}, {}] "
                 "cover {} (shape/byte mismatch)",
-                source, name, jshape.dump(), dtype_str, elem_size, expected_bytes, begin, end, end - begin);
+                source, name, dump(jshape), dtype_str, elem_size, expected_bytes, begin, end, end - begin);
     view.data = data_begin + begin;
     view.nbytes = static_cast<size_t>(end - begin);
     ranges.push_back({begin, end, out.tensors.size()});
