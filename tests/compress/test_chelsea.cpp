@@ -86,29 +86,32 @@ TEST_CASE("chelsea: ratio 1 reproduces exact attention") {
 }
 
 TEST_CASE("chelsea: kept entries equal the budget; degrees sum to n; weighted keys conserved") {
-  for (const char* chunk : {"16", "64", "256", "none"}) {
-    for (const char* fam : {"llama2", "llama3", "qwen2"}) {
-      nlohmann::json p = {{"family", fam}};
-      p["chunk"] = std::string(chunk) == "none" ? nlohmann::json("none") : nlohmann::json(std::stoi(chunk));
-      auto comp = make_compressor("chelsea", p);
-      for (int64_t n : {65, 300, 1027}) {
-        auto kv = make_kv("random", n, 8, 2, 2, 8);
-        for (double ratio : {0.01, 0.05, 0.2, 0.5, 0.8}) {
-          const int64_t b = budget_from_ratio(ratio, n);
-          INFO("chunk=", chunk, " family=", fam, " n=", n, " ratio=", ratio, " budget=", b);
-          auto c = comp->compress(kv, budget_opt(b));
-          CHECK(c.keys.size(1) == b);
-          CHECK(c.mean_entries() == doctest::Approx(static_cast<double>(b)));
-          CHECK(!c.kept_idx.defined());
-          auto deg = c.bias.exp();                                            // [H, b]
-          CHECK(at::allclose(deg.sum(1), at::full({2}, static_cast<double>(n), deg.options())));
-          // Σ_e N_e k̂_e = Σ_t k_t: the degree-weighted mean loses no mass.
-          auto lhs = (c.keys * deg.unsqueeze(-1)).sum(1);
-          CHECK(at::allclose(lhs, kv.keys.sum(1), 1e-9, 1e-9));
-          auto lhv = (c.values * deg.unsqueeze(-1)).sum(1);
-          CHECK(at::allclose(lhv, kv.values.sum(1), 1e-9, 1e-9));
-        }
-      }
+  struct Case {
+    const char* chunk;
+    const char* family;
+    int64_t n;
+  };
+  for (const Case& cs : {Case{"16", "llama2", 65}, Case{"none", "llama2", 1027}, Case{"256", "llama2", 1027},
+                         Case{"64", "llama3", 300}, Case{"16", "qwen2", 300}, Case{"none", "qwen2", 65}}) {
+    nlohmann::json p = {{"family", cs.family}};
+    p["chunk"] = std::string(cs.chunk) == "none" ? nlohmann::json("none") : nlohmann::json(std::stoi(cs.chunk));
+    auto comp = make_compressor("chelsea", p);
+    const int64_t n = cs.n;
+    auto kv = make_kv("random", n, 8, 2, 2, 8);
+    for (double ratio : {0.01, 0.1, 0.5, 0.8}) {
+      const int64_t b = budget_from_ratio(ratio, n);
+      INFO("chunk=", cs.chunk, " family=", cs.family, " n=", n, " ratio=", ratio, " budget=", b);
+      auto c = comp->compress(kv, budget_opt(b));
+      CHECK(c.keys.size(1) == b);
+      CHECK(c.mean_entries() == doctest::Approx(static_cast<double>(b)));
+      CHECK(!c.kept_idx.defined());
+      auto deg = c.bias.exp();                                            // [H, b]
+      CHECK(at::allclose(deg.sum(1), at::full({2}, static_cast<double>(n), deg.options())));
+      // Σ_e N_e k̂_e = Σ_t k_t: the degree-weighted mean loses no mass.
+      auto lhs = (c.keys * deg.unsqueeze(-1)).sum(1);
+      CHECK(at::allclose(lhs, kv.keys.sum(1), 1e-9, 1e-9));
+      auto lhv = (c.values * deg.unsqueeze(-1)).sum(1);
+      CHECK(at::allclose(lhv, kv.values.sum(1), 1e-9, 1e-9));
     }
   }
 }
@@ -259,20 +262,20 @@ TEST_CASE("chelsea: outlier score (App. B) and full_heads") {
 TEST_CASE("chelsea: clustered keys favour Chelsea over uniform at equal memory") {
   for (double ratio : {0.1, 0.25}) {
     double err_c = 0, err_u = 0;
-    const int n_samples = 3;
+    const int n_samples = 2;
     for (int sd = 0; sd < n_samples; ++sd) {
-      auto kv = make_kv("clustered", 2048, 64, 4, 2, 16, 100 + sd);
-      const int64_t b = budget_from_ratio(ratio, 2048);
+      auto kv = make_kv("clustered", 1024, 64, 4, 2, 16, 100 + sd);
+      const int64_t b = budget_from_ratio(ratio, 1024);
       auto c = make_compressor("chelsea", {})->compress(kv, budget_opt(b));
       CHECK(c.mean_entries() == doctest::Approx(static_cast<double>(b)));
       err_c += rel_err(kv, c) / n_samples;
       double eu = 0;
-      for (uint64_t seed = 0; seed < 5; ++seed) {
+      for (uint64_t seed = 0; seed < 3; ++seed) {
         CompressOptions o = budget_opt(b);
         o.seed = seed;
         auto cu = make_compressor("uniform", {})->compress(kv, o);
         CHECK(cu.mean_entries() == doctest::Approx(static_cast<double>(b)).epsilon(0.01));
-        eu += rel_err(kv, cu) / 5;
+        eu += rel_err(kv, cu) / 3;
       }
       err_u += eu / n_samples;
     }
@@ -309,7 +312,8 @@ TEST_CASE("chelsea: deterministic and invalid parameters rejected with their nam
                        kvlab::Error);
 }
 
-TEST_CASE("chelsea: timing per layer (3 KV heads, head_dim 64)") {
+// Not run by default (shared CI cores); run with --no-skip.
+TEST_CASE("chelsea: timing per layer (3 KV heads, head_dim 64)" * doctest::skip()) {
   for (int64_t n : {4096, 16384}) {
     auto kv = make_kv("random", n, 16, 3, 3, 64, 5, at::kFloat);
     auto comp = make_compressor("chelsea", {});

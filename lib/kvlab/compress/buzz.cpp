@@ -24,20 +24,35 @@
 // exactly when T ∈ [x_r, x_{r−1} − 1] (x_{−1} = n − k − w), giving size k + w + x_r. Among all
 // (w, r) the choice minimises, in order: (1) B − size with size <= B (sizes above B only if nothing
 // fits), (2) |ln(T/w) − ln ρ|, the distance to Theorem 3.1's ratio ρ (T = ρw rounded and clamped to
-// the feasible interval), (3) −w (prefer the larger exact window). Because w + x_r(w) grows by 0 or
-// 1 when w grows by 1 (x_r is a nested ceiling of a quantity that falls by 1), and x_r(w) reaches
-// 1 for large r, every B in [k + 2, n − 1] is hit exactly: kept entries = budget. For k + 1 >= B
-// the sink shrinks to k = B − 1 and w = 0 (one sample). A window or threshold given explicitly is
-// held fixed and only the other is chosen; if both are given the budget is not enforced (the
+// the feasible interval), (3) −w (prefer the larger exact window). An exact hit always exists:
+// w = B − k − 1 with a single old sample (T in [1, x_{r−1} − 1] where x_r first reaches 1), so
+// kept entries == budget for every B < n (tested exhaustively for small n). For B <= k the sink
+// shrinks to k = B − 1. The price of exactness: T/w equals Theorem 3.1's ρ only where the discrete
+// chain x_r leaves room (n = 4096, s = 5: ratio 0.1 and 0.3 give T/w = 4.33, but 0.02 → 1.85,
+// 0.05 → 2.37, 0.2 → 1.21, 0.5 → 1.67); a test checks by brute force that no exact-budget layout is
+// closer to ρ. In prefill T only decides where Remark 2 stops, so this is the rule's only role.
+// A window or threshold given explicitly is held fixed and only the other one is chosen; the
+// budget is then an upper bound only (e.g. n = 3000, w = 32, B = 200 keeps 4 + 32 + 66 = 102, since
+// the old samples can only be 593, 198, 66, ...). With both given the budget is not enforced (the
 // official configuration, e.g. window=160 threshold=400) and the size is buzz_prefill_size.
+//
+// Parameters [defaults]: n_sink [4], window ["auto"], threshold ["auto"], stride [5],
+//   swap_strides [false], gqa_reduce [sum] (buzz, buzz-logn), logn_n [cache] and logn_base [512]
+//   (buzz-logn).
 //
 // Deviations / decisions:
 // - Scores in replay. Accumulated attention needs every streamed query; replay has only the
 //   captured queries (`kv.queries`, e.g. the last 256 positions). The score of key i is the sum over
 //   the available queries j with pos_j >= pos0 + i (causal) of their post-softmax attention on i,
 //   softmax taken over the region, summed over the KV group's query heads (`gqa_reduce`, default
-//   sum as in the official code; mean gives the same argmax). One prefill block with Remark 2's
-//   repetitions, as the official code does at prefill (it appends the whole prompt in one call).
+//   sum as in the official code; mean gives the same argmax). The region is appended as one
+//   prefill block, as the official code does (it passes the whole prompt in one forward call);
+//   the official code then evicts once per call, kvlab repeats as Remark 2 and METHODS.md say.
+// - Theorem 3.1. The appendix proof swaps the odd/even cases of the main text and writes the
+//   recurrence as ⌊2a/ŝ⌋ + ⌊(T − a)/s⌋; the algorithm's actual count after a streaming eviction
+//   is ⌈a/ŝ⌉ + ⌈(T + 1 − a)/s⌉ (buzz_old_after_eviction), whose fixed point (T + 1)/ρ equals w
+//   exactly for the main text's ρ (s odd: (s² + 1)/(s + 1), s even: s − 1). kvlab uses the main
+//   text (= METHODS.md) and tests the steady state of the streaming state against it.
 // - GQA: the official code assumes MHA (per-head scores, `_de_repeat_q` commented out); kvlab
 //   scores per KV head with its group's query heads and never repeats K/V.
 // - Remark 2's repetitions thin old samples only (no new tokens remain), so s_old must be >= 2:

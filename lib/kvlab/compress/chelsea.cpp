@@ -22,6 +22,10 @@
 // protected ends shrink (n1' = min(n1, ⌊(B−1)/2⌋), n2' = min(n2, B − 1 − n1')) so that at least
 // one compressible entry remains. `opt.halvings` is honoured through resolve_budget (n/2^T).
 //
+// Parameters [defaults]: n_sink [16], n_recent [64], chunk [256] (integer >= 2 or "none"),
+//   family [llama2] selecting r_init/alpha/m presets (llama2 0.45/0.05/3, llama3 0.35/0.1/2,
+//   qwen2 0.2/0.1/2), r_init, alpha, m (override the preset), r_min [0.05], full_heads [""].
+//
 // Deviations / decisions:
 // - Steps re-chunk the current (already merged) entries in order; a merged entry sits at its B
 //   entry's place. The paper's Alg. 1 calls Chelsea on the current cache, which implies the same.
@@ -88,9 +92,9 @@ ChelseaEdges chelsea_edges(const at::Tensor& keys, int64_t n1, int64_t n2, int64
   e.best = best.reshape({h, nc * ca});
   e.a_pos = a_off.reshape({nc * ca});
   e.b_pos = (local.view({1, nc, 1}) + 2 * arg + 1).reshape({h, nc * ca});
-  // An A entry has a partner iff its chunk has a valid B entry: every chunk but a 1-entry tail.
-  auto has_b = b_ok.any(1, true).expand({nc, ca});                               // [nc, ca]
-  e.n_valid = (a_ok & has_b).sum().item<int64_t>();
+  // An A entry has a partner iff its chunk has a B entry: every chunk but a 1-entry tail.
+  const int64_t tail = mc - (nc - 1) * c;
+  e.n_valid = (nc - 1) * ca + (tail >= 2 ? (tail + 1) / 2 : 0);
   return e;
 }
 
