@@ -39,7 +39,9 @@
 //   run that produces the list is not part of this file. The paper reallocates budget across
 //   layers and heads; a compressor sees one layer, so kvlab reallocates within the layer: the
 //   full heads keep all n entries and the other heads share H·B − F·n (equal split, remainder to
-//   the lowest heads). Heads of unequal length are padded with bias −inf.
+//   the lowest heads). Heads of unequal length are padded with bias −inf. The head index is the
+//   row of `kv.keys`: correct when the region holds every KV head of the layer in order (replay
+//   without --heads); LayerKV carries no original head ids for a sliced subset.
 // - The generation interval g (Alg. 1) is an argument of ChelseaCache::maybe_compress, not a
 //   replay parameter (replay compresses once).
 #include "kvlab/compress/chelsea.h"
