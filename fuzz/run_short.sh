@@ -18,13 +18,19 @@ if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S "$repo/fuzz" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" >/dev/null
 fi
-cmake --build "$build" --target "${fuzzers[@]}" -j "${FUZZ_JOBS:-2}"
 
 # libtorch allocates a few objects at start-up that it never frees; leaks are not what we hunt.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 status=0
 for f in "${fuzzers[@]}"; do
+  # Build each target on its own, so that one that does not build does not stop the others.
+  if ! cmake --build "$build" --target "$f" -j "${FUZZ_JOBS:-2}" >"$build/$f.build.log" 2>&1; then
+    echo "[fuzz] $f does not build; see $build/$f.build.log" >&2
+    tail -n 20 "$build/$f.build.log" >&2
+    status=1
+    continue
+  fi
   work="$build/corpus/$f"            # grows; the committed seeds stay untouched
   art="$build/artifacts/$f/"
   mkdir -p "$work" "$art"
