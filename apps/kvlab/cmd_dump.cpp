@@ -9,6 +9,10 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <chrono>
 #include <fstream>
 #include <memory>
@@ -133,6 +137,14 @@ int64_t peak_rss_kib() {
 }
 
 void run_dump(const DumpOptions& o) {
+#if defined(__GLIBC__)
+  // glibc raises its mmap threshold (up to 32 MiB) each time a large block is freed, after which
+  // the per-layer temporaries of the forward and the HDF5 compression buffers interleave on the
+  // brk heap and fragment it: measured on SmolLM2 (2 x 2048 tokens), peak RSS 1541 MiB for 30
+  // captured layers vs 940 MiB for 1. A fixed 1 MiB threshold sends every large tensor to mmap,
+  // returned to the OS on free (30 layers: 864 MiB).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   const int n_sources = !o.dataset.empty() + !o.prompt_file.empty() + !o.prompt.empty();
   KVLAB_CHECK(n_sources == 1, "give exactly one of --dataset, --prompt-file, --prompt (found {})",
               n_sources);
