@@ -21,7 +21,8 @@ fi
 gguf="$("$repo/data_scripts/get_smollm2.sh")"
 
 k_json="$("$kvlab" --threads "$threads" bench prefill --model "$gguf" --tokens "$tokens" --reps "$reps" --json)"
-t_json="$("$python" "$repo/bench/prefill_transformers.py" --gguf "$gguf" --tokens "$tokens" --threads "$threads" --reps "$reps" --json)"
+t_json="$("$python" "$repo/bench/prefill_transformers.py" --gguf "$gguf" --tokens "$tokens" --threads "$threads" --reps "$reps" --json \
+  2> >(grep -v 'de-quantizing GGUF' >&2))"  # drop transformers' GGUF progress bar
 "$python" - "$k_json" "$t_json" <<'PY'
 import json, sys
 k, t = json.loads(sys.argv[1]), json.loads(sys.argv[2])
