@@ -1,5 +1,7 @@
 # The compressor library: one file per method plus the registry (an explicit table).
 kvlab_library(kvlab_compress
+  kvlab/replay.cpp
+  kvlab/replay_plan.cpp
   kvlab/compress/compressor.cpp
   kvlab/compress/registry.cpp
   kvlab/compress/exact.cpp

@@ -10,6 +10,8 @@ namespace kvlab::cli {
 void setup_inspect(CLI::App& app);   // cmd_inspect.cpp: summarise a capture file
 void setup_synth(CLI::App& app);     // cmd_synth.cpp: write a synthetic capture
 void setup_bench(CLI::App& app);     // cmd_bench.cpp: micro-benchmarks (attention, ...)
+void setup_replay(CLI::App& app);    // cmd_replay.cpp: replay a capture through compressors
+void setup_merge(CLI::App& app);     // cmd_merge.cpp: merge replay shards
 void setup_generate(CLI::App& app);  // cmd_generate.cpp: greedy decoding with a model
 void setup_dump(CLI::App& app);      // cmd_dump.cpp: capture q/k/v of a model prefill
 void setup_bench_prefill(CLI::App& app);  // cmd_bench_prefill.cpp: kvlab bench prefill

@@ -118,6 +118,11 @@ void Command::bind() {
                    [&](auto* p) -> CLI::Option* { return app_->add_option(spec, *p, f.help); }},
         f.target);
     if (opt && !f.allowed.empty()) opt->check(CLI::IsMember(f.allowed));
+    // Lists accept "0.1,0.2" as well as repeated flags.
+    bool is_list = std::holds_alternative<std::vector<std::string>*>(f.target) ||
+                   std::holds_alternative<std::vector<double>*>(f.target) ||
+                   std::holds_alternative<std::vector<int64_t>*>(f.target);
+    if (opt && is_list) opt->delimiter(',');
     options_.push_back(opt);
   }
   app_->add_option("--config", config_path_,

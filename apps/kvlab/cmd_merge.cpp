@@ -1,0 +1,80 @@
+// kvlab merge DIR... --out DIR: joins the result.json of replay shards (--shard i/N) into one
+// run, checking they share one config, and recomputes the aggregates.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include "commands.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/provenance.h"
+#include "kvlab/replay_plan.h"
+#include "kvlab/report.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct MergeOptions {
+  std::vector<std::string> inputs;
+  std::string out;
+  void fields(FieldList& f) {
+    f.add("inputs", inputs, "run directories (or result.json files) of the shards").positional();
+    f.add("out", out, "directory of the merged run").required();
+  }
+};
+
+void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
+  KVLAB_CHECK(!o.inputs.empty(), "merge: give the shard run directories to merge");
+  nlohmann::json rows = nlohmann::json::array(), shards = nlohmann::json::array();
+  nlohmann::json base_config;
+  std::set<std::string> seen_shards;
+  int expected_n = -1;
+  for (const auto& in : o.inputs) {
+    std::string file = in.size() > 5 && in.substr(in.size() - 5) == ".json" ? in : in + "/result.json";
+    auto j = read_json_file(file);
+    KVLAB_CHECK(j.contains("context") && j.contains("rows") && j["context"].contains("config"),
+                "merge: '{}' is not a kvlab replay result (no context/config/rows)", file);
+    KVLAB_CHECK(j.value("complete", false), "merge: '{}' is incomplete (its run did not finish)", file);
+    auto config = j["context"]["config"];
+    std::string shard = config.value("shard", "0/1");
+    auto [i, n] = parse_shard(shard);
+    if (expected_n < 0) expected_n = n;
+    KVLAB_CHECK(n == expected_n, "merge: '{}' is shard {} but earlier inputs have N={}", file, shard, expected_n);
+    KVLAB_CHECK(seen_shards.insert(shard).second, "merge: shard {} given twice ('{}')", shard, file);
+    config.erase("shard");
+    config.erase("out");
+    if (base_config.is_null()) base_config = config;
+    KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
+                o.inputs.front(), config.dump(), base_config.dump());
+    for (auto& r : j["rows"]) rows.push_back(r);
+    shards.push_back(j["context"]);
+  }
+  KVLAB_CHECK(int(seen_shards.size()) == expected_n, "merge: {} of {} shards given; missing shards would bias the "
+              "aggregate", seen_shards.size(), expected_n);
+  RunDir run(o.out, "merge", effective, /*exact=*/true);
+  auto context = context_block("cpu", 0, base_config);
+  context["merged_from"] = shards;
+  auto agg = replay_aggregates(rows);
+  run.write_result(context, rows, {{"complete", true}, {"aggregate", agg}});
+  write_replay_tables(run, agg);
+  std::cout << render_replay_table(agg["overall"]);
+  fmt::print(stderr, "[merge] {} rows from {} shards -> {}\n", rows.size(), shards.size(), run.file("result.json"));
+}
+
+}  // namespace
+
+void setup_merge(CLI::App& app) {
+  auto opts = std::make_shared<MergeOptions>();
+  auto cmd = std::make_shared<Command>(app, "merge", "Merge the result.json of replay shards into one run");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_merge(*opts, cmd->effective());
+  });
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,153 @@
+// kvlab replay: replays captured q/k/v through compressors and measures single-layer error
+// against exact attention (METHODS.md §2, §4). Rows go to result.json as they are produced.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "kvlab/aggregate.h"
+#include "kvlab/capture.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/progress.h"
+#include "kvlab/provenance.h"
+#include "kvlab/replay.h"
+#include "kvlab/report.h"
+#include "kvlab/text.h"
+#include "kvlab/replay_plan.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct ReplayOptions {
+  std::string capture;
+  std::string method = "exact";
+  std::vector<double> ratio;
+  std::vector<int64_t> budget;
+  std::vector<int64_t> T;
+  int64_t keep_first = 0;
+  int64_t keep_last = 0;
+  std::string queries = "all";
+  std::string layers = "all";
+  std::string heads = "all";
+  std::string samples = "all";
+  int64_t seeds = 1;
+  std::vector<int64_t> seed_list;
+  std::vector<std::string> param;
+  nlohmann::json params = nlohmann::json::object();
+  std::string out;
+  std::string name = "replay";
+  std::string results_dir = "results";
+  std::string shard = "0/1";
+  std::string device = "cpu";
+  bool list_methods = false;
+  bool quiet = false;
+
+  void fields(FieldList& f) {
+    f.add("capture", capture, "capture file (.h5) from 'kvlab dump' or 'kvlab synth'");
+    f.add("method", method, "comma-separated method names, or 'all' (see --list-methods)");
+    f.add("ratio", ratio, "fractions of the compressible region kept, e.g. 0.1,0.2");
+    f.add("budget", budget, "absolute entries kept per KV head for the region (instead of --ratio)");
+    f.add("T", T, "halvings for halving methods, e.g. 1,2,3,4 (instead of --ratio)");
+    f.add("keep_first", keep_first, "first tokens kept exact (sinks)");
+    f.add("keep_last", keep_last, "last tokens kept exact (the queries' tail is always exact)");
+    f.add("queries", queries, "captured queries to measure: all | last:N");
+    f.add("layers", layers, "layers: all (captured) | 0,1,4 | 0-3");
+    f.add("heads", heads, "KV heads: all | 0,2");
+    f.add("samples", samples, "samples: all | 0,1");
+    f.add("seeds", seeds, "number of seeds, taken from METHODS.md §4's list (42, 7, 8, 17, ...)");
+    f.add("seed_list", seed_list, "explicit seeds (instead of --seeds)");
+    f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
+    f.add("params", params, "config only: {\"method\": {\"key\": value}}");
+    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
+    f.add("name", name, "experiment name (the results subfolder)");
+    f.add("results_dir", results_dir, "base directory of results");
+    f.add("shard", shard, "run shard i of N (i/N) of the (sample, layer) units; merge with 'kvlab merge'");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
+    f.add("quiet", quiet, "no progress output");
+  }
+};
+
+void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
+  if (o.list_methods) {
+    for (const auto& info : compressor_infos()) fmt::print("{:<16} {}\n", info.name, info.description);
+    return;
+  }
+  KVLAB_CHECK(!o.capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
+  auto settings = budget_settings(o.ratio, o.budget, o.T);
+  auto methods = build_methods(o.method, o.param, o.params);
+  auto seeds = seed_values(o.seeds, o.seed_list);
+  auto [shard_i, shard_n] = parse_shard(o.shard);
+  check_device(o.device);
+
+  CaptureReader cap(o.capture);
+  const auto& meta = cap.meta();
+  ReplayProtocol proto;
+  KVLAB_CHECK(o.keep_first >= 0, "--keep-first must be >= 0, got {}", o.keep_first);
+  KVLAB_CHECK(o.keep_last >= 0, "--keep-last must be >= 0, got {}", o.keep_last);
+  check_queries_spec(o.queries, "--queries");
+  proto.keep_first = o.keep_first;
+  proto.keep_last = o.keep_last;
+  proto.queries = o.queries;
+  proto.device = o.device;
+  if (o.heads != "all") proto.kv_heads = parse_index_list(o.heads, meta.n_kv_heads, "--heads");
+  auto layers = select_layers(meta, o.layers);
+  auto samples = o.samples == "all" ? parse_index_list("all", int(cap.n_samples()), "--samples")
+                                    : parse_index_list(o.samples, int(cap.n_samples()), "--samples");
+
+  std::vector<std::pair<int64_t, int>> units;
+  for (int s : samples)
+    for (int l : layers) units.emplace_back(s, l);
+  std::vector<std::pair<int64_t, int>> mine;
+  for (size_t i = 0; i < units.size(); ++i)
+    if (static_cast<int>(i % shard_n) == shard_i) mine.push_back(units[i]);
+
+  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty());
+  auto context = context_block(o.device, seeds.front(), effective);
+  context["capture"] = {{"file", o.capture}, {"model_id", meta.model_id}, {"source_dataset", meta.source_dataset},
+                        {"git_sha", meta.git_sha}};
+  context["shard"] = o.shard;
+  fmt::print(stderr, "[replay] {} units (sample x layer) in shard {}, {} methods x {} settings x {} seeds -> {}\n",
+             mine.size(), o.shard, methods.size(), settings.size(), seeds.size(), run.path());
+
+  nlohmann::json rows = nlohmann::json::array();
+  Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
+  for (const auto& [s, l] : mine) {
+    auto unit = load_unit(cap, s, l, proto);
+    for (const auto& m : methods)
+      for (const auto& b : settings)
+        for (uint64_t seed : seeds) {
+          for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto)) {
+            r["setting"] = setting_label(b);
+            rows.push_back(std::move(r));
+          }
+          progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.name));
+        }
+    // Keep what is done on disk: a crash or Ctrl-C later loses nothing already measured.
+    run.write_result(context, rows, {{"complete", false}});
+  }
+  progress.finish();
+  auto agg = replay_aggregates(rows);
+  run.write_result(context, rows, {{"complete", true}, {"aggregate", agg}});
+  write_replay_tables(run, agg);
+  std::cout << render_replay_table(agg["overall"]);
+  fmt::print(stderr, "[replay] wrote {}\n", run.file("result.json"));
+}
+
+}  // namespace
+
+void setup_replay(CLI::App& app) {
+  auto opts = std::make_shared<ReplayOptions>();
+  auto cmd = std::make_shared<Command>(app, "replay", "Replay a capture through compressors; single-layer error vs exact attention");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_replay(*opts, cmd->effective());
+  });
+}
+
+}  // namespace kvlab::cli
