@@ -6,6 +6,8 @@
 //   * SmolLM2-135M-Instruct Q4_1 GGUF == transformers on the same GGUF (tests/fixtures/smollm2_golden,
 //     made by data_scripts/make_smollm2_golden.py): logits max abs diff <= 1e-3, same argmax at
 //     every position, q/k/v of layers 0 and 29 relative L2 error <= 1e-4.
+//   * tiny random qwen2 / llama (llama3 rope, bias, head_dim) / llama (linear rope) / mistral
+//     models == transformers (tests/fixtures/tiny_models, data_scripts/make_tiny_model_fixtures.py)
 #include "kvlab/attention.h"
 #include "kvlab/check.h"
 #include "kvlab/config.h"
@@ -259,6 +261,44 @@ TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip
       const double err = rel_l2(got, ref);
       MESSAGE(key << ": relative L2 error = " << err << ", max abs = " << max_abs(got, ref));
       CHECK(err <= 1e-4);
+    }
+  }
+}
+
+TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, linear rope, mistral)") {
+  // Made by data_scripts/make_tiny_model_fixtures.py (random weights, transformers eager, float32).
+  const std::string root = test::fixtures_dir() + "/tiny_models";
+  for (const std::string name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral"}) {
+    CAPTURE(name);
+    const std::string dir = root + "/" + name;
+    REQUIRE(fs::exists(dir + "/model.safetensors"));
+    c10::InferenceMode guard;
+    Model m = load_model(dir);
+    nlohmann::json meta = read_json_file(dir + "/expected.json");
+    CHECK(m.config.architecture == meta["model_type"].get<std::string>());
+    SafetensorsFile exp(dir + "/expected.safetensors");
+    auto gt = [&](const std::string& n) {
+      const TensorView* v = exp.find(n);
+      REQUIRE(v != nullptr);
+      return tensor_from_view(*v, at::kFloat);
+    };
+    const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+    RecordTap tap;
+    tap.layers = {1};
+    ExactAttention attn(m.config.n_layers, /*query_block=*/8);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.tap = &tap;
+    at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
+    at::Tensor ref = gt("logits");
+    const double d = max_abs(logits, ref);
+    MESSAGE(name << ": max abs logit diff " << d);
+    CHECK(d < 1e-4);
+    CHECK(logits.argmax(-1).equal(ref.argmax(-1)));
+    const char* qkv[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(qkv[i]);
+      CHECK(rel_l2(tap.got[1][i], gt(std::string("layer_01_") + qkv[i])) < 1e-5);
     }
   }
 }

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Tiny random Hugging Face models of each supported architecture, with transformers' logits and
+post-RoPE q/k/v, for tests/model/test_forward.cpp ("tiny HF architectures match transformers").
+
+For each case writes tests/fixtures/tiny_models/<name>/:
+  config.json, model.safetensors   the model (float32, HF tensor names)
+  expected.safetensors             logits [T, vocab] and layer_01_{q,k,v} ([H, T, head_dim], post-RoPE)
+  expected.json                    the token ids
+Cases cover what SmolLM2 and stories260K do not: qwen2 (q/k/v bias, untied lm_head), llama with
+attention_bias, an explicit head_dim != hidden/heads and llama3 rope scaling, llama with linear
+rope scaling, mistral.
+
+Usage: /opt/kvlab-py/bin/python data_scripts/make_tiny_model_fixtures.py
+"""
+import json
+import os
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(REPO, "tests", "fixtures", "tiny_models")
+T = 37  # odd on purpose
+
+BASE = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=6,
+            num_key_value_heads=2, vocab_size=97, max_position_embeddings=256, rms_norm_eps=1e-5,
+            bos_token_id=1, eos_token_id=2)
+
+CASES = {
+    "qwen2": ("qwen2", dict(rope_theta=1000000.0, tie_word_embeddings=False)),
+    "llama3_bias_hd": ("llama", dict(head_dim=16, attention_bias=True, rope_theta=500000.0,
+                                     tie_word_embeddings=False,
+                                     rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 16})),
+    "llama_linear": ("llama", dict(rope_theta=10000.0, tie_word_embeddings=True,
+                                   rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "mistral": ("mistral", dict(rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False)),
+}
+
+
+def main():
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    for name, (model_type, extra) in CASES.items():
+        d = os.path.join(OUT, name)
+        os.makedirs(d, exist_ok=True)
+        cfg = AutoConfig.for_model(model_type, **BASE, **extra)
+        cfg._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+        with torch.no_grad():  # larger weights than the init so errors show
+            for p in model.parameters():
+                p.copy_(torch.randn_like(p) * 0.2 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
+        model.save_pretrained(d, safe_serialization=True)
+        for f in os.listdir(d):
+            if f not in ("config.json", "model.safetensors"):
+                os.remove(os.path.join(d, f))
+        ids = torch.randint(3, BASE["vocab_size"], (1, T))
+        ids[0, 0] = 1
+        # post-RoPE q/k/v of layer 1 by hooking the attention inputs and recomputing.
+        got = {}
+        attn = model.model.layers[1].self_attn
+        hook = attn.register_forward_hook(
+            lambda m, args, kwargs, out: got.update(h=kwargs["hidden_states"],
+                                                    pe=kwargs["position_embeddings"]),
+            with_kwargs=True)
+        with torch.no_grad():
+            logits = model(ids).logits[0]  # [T, vocab]
+            hook.remove()
+            hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            h = got["h"]
+            q = attn.q_proj(h).view(1, T, -1, hd).transpose(1, 2)
+            k = attn.k_proj(h).view(1, T, -1, hd).transpose(1, 2)
+            v = attn.v_proj(h).view(1, T, -1, hd).transpose(1, 2)
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+            cos, sin = got["pe"]
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        save_file({"logits": logits.contiguous(), "layer_01_q": q[0].contiguous(),
+                   "layer_01_k": k[0].contiguous(), "layer_01_v": v[0].contiguous()},
+                  os.path.join(d, "expected.safetensors"))
+        with open(os.path.join(d, "expected.json"), "w") as f:
+            json.dump({"token_ids": ids[0].tolist(), "model_type": model_type}, f)
+            f.write("\n")
+        for f in os.listdir(d):
+            os.chmod(os.path.join(d, f), 0o644)
+        print(name, sorted(os.listdir(d)), sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)))
+
+
+if __name__ == "__main__":
+    main()
