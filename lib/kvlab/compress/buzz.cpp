@@ -24,7 +24,8 @@
 // exactly when T ∈ [x_r, x_{r−1} − 1] (x_{−1} = n − k − w), giving size k + w + x_r. Among all
 // (w, r) the choice minimises, in order: (1) B − size with size <= B (sizes above B only if nothing
 // fits), (2) |ln(T/w) − ln ρ|, the distance to Theorem 3.1's ratio ρ (T = ρw rounded and clamped to
-// the feasible interval), (3) −w (prefer the larger exact window). An exact hit always exists:
+// the feasible interval; with swap_strides, ρ = s_new − s_new/s_old + 1 for the swapped strides,
+// the same fixed-point condition), (3) −w (prefer the larger exact window). An exact hit always exists:
 // w = B − k − 1 with a single old sample (T in [1, x_{r−1} − 1] where x_r first reaches 1), so
 // kept entries == budget for every B < n (tested exhaustively for small n). For B <= k the sink
 // shrinks to k = B − 1. The price of exactness: T/w equals Theorem 3.1's ρ only where the discrete
