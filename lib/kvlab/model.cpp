@@ -46,13 +46,18 @@ at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const 
 
   at::Tensor q4 = q.view({n_kv_heads, G, T, d});        // [Hkv, G, T, d]
   at::Tensor out = at::empty({n_kv_heads, G, T, d}, q.options());
+  // One score buffer for every block (sized for the largest), reused in place: fewer passes over
+  // memory and no large allocation per block.
+  const int64_t max_bl = std::min(query_block, T);
+  at::Tensor s_buf = at::empty({n_kv_heads * G * max_bl * (pos0 + T)}, q.options());
   for (int64_t b0 = 0; b0 < T; b0 += query_block) {
     const int64_t bl = std::min(query_block, T - b0);
     const int64_t nk = pos0 + b0 + bl;  // keys visible to the last query of the block
     at::Tensor qb = q4.narrow(2, b0, bl).reshape({n_kv_heads, G * bl, d});  // [Hkv, G*bl, d]
     at::Tensor kb = k.narrow(1, 0, nk);                                        // [Hkv, nk, d]
     at::Tensor vb = v.narrow(1, 0, nk);                                        // [Hkv, nk, d]
-    at::Tensor s = at::bmm(qb, kb.transpose(1, 2)).mul_(scale);               // [Hkv, G*bl, nk]
+    at::Tensor s = s_buf.narrow(0, 0, n_kv_heads * G * bl * nk).view({n_kv_heads, G * bl, nk});
+    at::baddbmm_out(s, s, qb, kb.transpose(1, 2), /*beta=*/0, /*alpha=*/scale);  // [Hkv, G*bl, nk]
     if (nk > pos0 + b0 + 1) {
       // query i (position pos0+b0+i) sees keys j <= pos0+b0+i.
       at::Tensor qi = at::arange(bl, q.options().dtype(at::kLong)).unsqueeze(1);   // [bl, 1]
@@ -61,8 +66,12 @@ at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const 
       s.view({n_kv_heads, G, bl, nk})
           .masked_fill_(mask, -std::numeric_limits<double>::infinity());
     }
-    at::Tensor p = reduced ? at::softmax(s, -1, at::kFloat).to(q.scalar_type())
-                           : at::softmax(s, -1);                                 // [Hkv, G*bl, nk]
+    at::Tensor p;                                                                // [Hkv, G*bl, nk]
+    if (reduced) {
+      p = at::softmax(s, -1, at::kFloat).to(q.scalar_type());
+    } else {
+      p = at::softmax_out(s, s, -1);  // in place
+    }
     at::Tensor ob = at::bmm(p, vb);                                              // [Hkv, G*bl, d]
     out.narrow(2, b0, bl).copy_(ob.view({n_kv_heads, G, bl, d}));
   }

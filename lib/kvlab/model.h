@@ -126,7 +126,7 @@ class AttentionBackend {
 // prefill memory stays O(query_block * n) instead of O(T * n).
 class ExactAttention : public AttentionBackend {
  public:
-  explicit ExactAttention(int64_t n_layers, int64_t query_block = 256);
+  explicit ExactAttention(int64_t n_layers, int64_t query_block = 128);
   at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new,
                     const at::Tensor& v_new, int64_t pos0) override;
   void reset() override;
@@ -148,7 +148,7 @@ class ExactAttention : public AttentionBackend {
 // -> [n_q_heads, T, head_dim]. Blocks of `query_block` queries; each block only reads the keys it
 // can see. Reference: kvlab::attention() with AttentionOptions::query_pos (tests compare them).
 at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                int64_t pos0, int64_t query_block = 256);
+                                int64_t pos0, int64_t query_block = 128);
 
 struct ForwardOptions {
   QkvTap* tap = nullptr;
