@@ -53,11 +53,13 @@ at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const 
   for (int64_t b0 = 0; b0 < T; b0 += query_block) {
     const int64_t bl = std::min(query_block, T - b0);
     const int64_t nk = pos0 + b0 + bl;  // keys visible to the last query of the block
-    at::Tensor qb = q4.narrow(2, b0, bl).reshape({n_kv_heads, G * bl, d});  // [Hkv, G*bl, d]
+    // Scaling q (small) instead of the scores saves a pass; exact when head_dim is a power of 4.
+    at::Tensor qb = (q4.narrow(2, b0, bl) * scale).reshape({n_kv_heads, G * bl, d});  // [Hkv, G*bl, d]
     at::Tensor kb = k.narrow(1, 0, nk);                                        // [Hkv, nk, d]
     at::Tensor vb = v.narrow(1, 0, nk);                                        // [Hkv, nk, d]
     at::Tensor s = s_buf.narrow(0, 0, n_kv_heads * G * bl * nk).view({n_kv_heads, G * bl, nk});
-    at::baddbmm_out(s, s, qb, kb.transpose(1, 2), /*beta=*/0, /*alpha=*/scale);  // [Hkv, G*bl, nk]
+    at::bmm_out(s, qb, kb.transpose(1, 2));  // [Hkv, G*bl, nk]  (baddbmm_out with beta=0 let
+                                             // NaNs of the uninitialised buffer through in bf16)
     if (nk > pos0 + b0 + 1) {
       // query i (position pos0+b0+i) sees keys j <= pos0+b0+i.
       at::Tensor qi = at::arange(bl, q.options().dtype(at::kLong)).unsqueeze(1);   // [bl, 1]

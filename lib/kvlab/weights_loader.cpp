@@ -151,12 +151,22 @@ at::Device parse_device(const std::string& name, const std::string& flag) {
   return dev;
 }
 
+namespace {
+void check_dtype_device(const ModelLoadOptions& opt) {
+  // LibTorch 1.13's CPU matmul has no float16 kernel ("addmm_impl_cpu_ not implemented for Half").
+  KVLAB_CHECK(!(opt.dtype == at::kHalf && opt.device.is_cpu()),
+              "--dtype fp16 needs --device cuda (CPU matmuls have no float16 kernel); use bf16 or "
+              "fp32 on CPU");
+}
+}  // namespace
+
 Model load_model(const std::string& spec, const ModelLoadOptions& opt) {
   ModelSource src = resolve_model(spec);
   return src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, opt) : load_model_hf(src, opt);
 }
 
 Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
+  check_dtype_device(opt);
   c10::InferenceMode guard;
   Model m;
   m.id = src.spec;
@@ -207,6 +217,7 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
 }
 
 Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
+  check_dtype_device(opt);
   c10::InferenceMode guard;
   GgufFile g(src.path);
   // Scalar metadata as JSON for model_config_from_gguf.

@@ -302,3 +302,31 @@ TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, 
     }
   }
 }
+
+TEST_CASE("bf16 decode with the cache agrees with bf16 prefill (stories260K)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: " << stories_dir() << " not found");
+    return;
+  }
+  c10::InferenceMode guard;
+  ModelLoadOptions lo;
+  lo.dtype = at::kBFloat16;
+  Model m = load_model(stories_dir(), lo);
+  const std::vector<int64_t> ids = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421};
+  at::Tensor all = at::tensor(ids, at::kLong);  // [13]
+  ExactAttention full_attn(m.config.n_layers), step_attn(m.config.n_layers);
+  ForwardOptions fo;
+  fo.all_logits = true;
+  at::Tensor full = forward(m, all, 0, full_attn, fo);  // [13, vocab] float32
+  for (int64_t p = 0; p < all.numel(); ++p) {
+    CAPTURE(p);
+    at::Tensor step = forward(m, all.narrow(0, p, 1), p, step_attn)[0];  // [vocab]
+    REQUIRE_FALSE(step.isnan().any().item<bool>());
+    CHECK(step.argmax().item<int64_t>() == full[p].argmax().item<int64_t>());
+    CHECK(max_abs(step, full[p]) < 1.0);  // bf16 rounding differs between the two paths
+  }
+  ModelLoadOptions half;
+  half.dtype = at::kHalf;
+  CHECK_THROWS_WITH_AS(load_model(stories_dir(), half), doctest::Contains("--dtype fp16 needs --device cuda"),
+                       Error);
+}
