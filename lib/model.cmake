@@ -6,6 +6,7 @@ set(KVLAB_MODEL_SOURCES
   kvlab/model.cpp
   kvlab/rope.cpp
   kvlab/weights_loader.cpp
+  kvlab/model_tokenizer.cpp
   kvlab/tokenizer.cpp kvlab/tokenizer_load.cpp kvlab/bpe.cpp kvlab/pretokenize.cpp
   kvlab/sentencepiece_model.cpp kvlab/chat_template.cpp kvlab/datasets.cpp
 )

@@ -2,6 +2,12 @@
 kvlab_test(test_model
   SOURCES
     model/test_weights.cpp
+    model/test_forward.cpp
+    model/test_dump.cpp
     model/test_tokenizer.cpp
   LIBS kvlab_model
   LABELS unit)
+# SmolLM2 vs transformers golden (needs models/smollm2-135m/*.gguf; skips with a message otherwise).
+add_test(NAME test_model_smollm2 COMMAND test_model --test-case=*SmolLM2* --no-skip
+         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(test_model_smollm2 PROPERTIES LABELS "model")
