@@ -9,6 +9,7 @@ kvlab_library(kvlab_core
   kvlab/progress.cpp
   kvlab/text.cpp
   kvlab/aggregate.cpp
+  kvlab/fit.cpp
 )
 add_dependencies(kvlab_core kvlab_git_sha)
 target_link_libraries(kvlab_core PUBLIC ${TORCH_LIBRARIES} ${HDF5_LIBRARIES} ${HDF5_CXX_LIBRARIES}

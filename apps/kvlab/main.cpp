@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_inspect(app);
   kvlab::cli::setup_synth(app);
   kvlab::cli::setup_bench(app);
+  kvlab::cli::setup_bench_compress(app);
   kvlab::cli::setup_replay(app);
   kvlab::cli::setup_merge(app);
   kvlab::cli::setup_generate(app);
