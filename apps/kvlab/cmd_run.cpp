@@ -1,0 +1,268 @@
+// kvlab run FILE.json [--dry-run] [--results-dir DIR] [--force]: one file describes an experiment
+// as ordered steps; each step runs as a child process of this binary,
+//   /proc/self/exe [--threads N] <command> --config <step config written to a temp file>
+// so every subcommand keeps one code path and validates its own keys.
+//
+// Run file (paths inside it are relative to the current directory, i.e. run from the repo root):
+//   {"name": "balancekv_fig2", "paper_ref": "BalanceKV Fig. 2", "version": 1, "description": "...",
+//    "steps": [{"command": "dump", "config": {...}}, {"command": "replay", "config": {...}}]}
+// Unknown keys (top level and per step) are errors naming the key.
+//
+// Before anything runs, every step's config is checked by its own command (`--print-config`),
+// which also yields the effective config with defaults filled in.
+//
+// Capture steps (dump, synth) are cached: after a successful run, "<out>.config.json" records the
+// step's effective config and its sha256 (of the config JSON's compact dump); a later run whose
+// `out` exists and whose sidecar sha256 matches skips the step (`--force` reruns it). The sha covers
+// the config only, not the model file's or the binary's contents.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "commands.h"
+#include "kvlab/check.h"
+#include "kvlab/config.h"
+#include "kvlab/report.h"
+
+namespace kvlab::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunOptions {
+  std::string file;
+  bool dry_run = false;
+  bool force = false;
+  std::string results_dir;
+  void fields(FieldList& f) {
+    f.add("file", file, "experiment file (.json); paths inside it are relative to the current directory "
+                        "(run from the repo root)").positional().required();
+    f.add("dry_run", dry_run, "validate every step and print the commands without running them");
+    f.add("force", force, "rerun capture steps (dump, synth) even when their sidecar config matches");
+    f.add("results_dir", results_dir, "override 'results_dir' in every step whose command has that key");
+  }
+};
+
+// Commands whose output file `out` is reused when its sidecar config matches.
+const std::set<std::string> kCachedCommands = {"dump", "synth"};
+const std::vector<std::string> kTopKeys = {"name", "paper_ref", "version", "description", "steps"};
+const std::vector<std::string> kStepKeys = {"command", "config", "comment"};
+
+struct Step {
+  std::string command;
+  nlohmann::json config;     // as written in the run file (+ overrides)
+  nlohmann::json effective;  // the command's --print-config output
+  std::string config_file;   // temp file holding `config`
+};
+
+void check_keys(const nlohmann::json& j, const std::vector<std::string>& allowed, const std::string& where) {
+  KVLAB_CHECK(j.is_object(), "{}: expected a JSON object, found {}", where, j.type_name());
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end();
+    if (known) continue;
+    std::string near = closest_match(it.key(), allowed);
+    KVLAB_FAIL("{}: unknown key '{}'{} (known: {})", where, it.key(),
+               near.empty() ? "" : fmt::format(" (did you mean '{}'?)", near), fmt::join(allowed, ", "));
+  }
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  KVLAB_CHECK(!ec, "cannot resolve /proc/self/exe: {}", ec.message());
+  return p.string();
+}
+
+// Runs argv; returns the exit status (128 + signal if killed). With `out`, captures stdout.
+int run_process(const std::vector<std::string>& argv, std::string* out) {
+  int fds[2] = {-1, -1};
+  if (out) KVLAB_CHECK(pipe(fds) == 0, "pipe() failed");
+  pid_t pid = fork();
+  KVLAB_CHECK(pid >= 0, "fork() failed");
+  if (pid == 0) {
+    if (out) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  if (out) {
+    close(fds[1]);
+    std::array<char, 4096> buf;
+    ssize_t n;
+    while ((n = read(fds[0], buf.data(), buf.size())) > 0) out->append(buf.data(), size_t(n));
+    close(fds[0]);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    KVLAB_CHECK(errno == EINTR, "waitpid() failed");
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+std::string quote(const std::string& s) {
+  if (s.find_first_of(" \t\"'$\\") == std::string::npos && !s.empty()) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string command_line(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + quote(a);
+  return s;
+}
+
+std::vector<std::string> step_argv(const std::string& exe, const Step& s) {
+  return {exe, "--threads", std::to_string(threads()), s.command, "--config", s.config_file};
+}
+
+std::string sidecar_path(const std::string& out) { return out + ".config.json"; }
+std::string config_sha(const nlohmann::json& effective) { return sha256_hex(effective.dump()); }
+
+// True when the step's output exists and its sidecar records the same effective config.
+bool cached(const Step& s) {
+  if (!kCachedCommands.count(s.command) || !s.effective.contains("out")) return false;
+  const std::string out = s.effective["out"].get<std::string>();
+  if (!fs::exists(out) || !fs::exists(sidecar_path(out))) return false;
+  try {
+    auto side = read_json_file(sidecar_path(out));
+    return side.value("config_sha256", "") == config_sha(s.effective);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvlab-run-XXXXXX";
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    KVLAB_CHECK(mkdtemp(buf.data()) != nullptr, "mkdtemp({}) failed", tmpl);
+    path = buf.data();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void run_run(const RunOptions& o) {
+  const auto spec = read_json_file(o.file);
+  check_keys(spec, kTopKeys, o.file);
+  KVLAB_CHECK(spec.contains("steps") && spec["steps"].is_array() && !spec["steps"].empty(),
+              "{}: 'steps' must be a non-empty array of {{\"command\": ..., \"config\": {{...}}}}", o.file);
+  const std::string exe = self_exe();
+  TempDir tmp;
+
+  // 1. Parse and validate every step with its own command before running any.
+  std::vector<Step> steps;
+  const auto& arr = spec["steps"];
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string where = fmt::format("{}: steps[{}]", o.file, i);
+    check_keys(arr[i], kStepKeys, where);
+    KVLAB_CHECK(arr[i].contains("command") && arr[i]["command"].is_string(),
+                "{}: 'command' (a kvlab subcommand name) is required", where);
+    Step s;
+    s.command = arr[i]["command"].get<std::string>();
+    KVLAB_CHECK(s.command != "run", "{}: a run file cannot run 'run'", where);
+    s.config = arr[i].value("config", nlohmann::json::object());
+    KVLAB_CHECK(s.config.is_object(), "{}: 'config' must be an object, found {}", where, s.config.type_name());
+    s.config_file = fmt::format("{}/step{}_{}.json", tmp.path, i, s.command);
+    write_json_atomic(s.config_file, s.config);
+    std::string out;
+    int rc = run_process({exe, s.command, "--config", s.config_file, "--print-config"}, &out);
+    KVLAB_CHECK(rc == 0, "{}: command '{}' rejected its config (exit {}; see the message above)", where, s.command,
+                rc);
+    try {
+      s.effective = nlohmann::json::parse(out);
+    } catch (const nlohmann::json::parse_error&) {
+      KVLAB_FAIL("{}: '{}' is not a kvlab command with a config (its --print-config gave no JSON)", where,
+                 s.command);
+    }
+    if (!o.results_dir.empty() && s.effective.contains("results_dir")) {
+      s.config["results_dir"] = o.results_dir;
+      s.effective["results_dir"] = o.results_dir;
+      write_json_atomic(s.config_file, s.config);
+    }
+    steps.push_back(std::move(s));
+  }
+
+  fmt::print(stderr, "[run] {}: '{}'{} v{}, {} steps\n", o.file, spec.value("name", ""),
+             spec.contains("paper_ref") ? " (" + spec["paper_ref"].get<std::string>() + ")" : "",
+             spec.contains("version") ? spec["version"].dump() : "?", steps.size());
+
+  // 2. Run them in order; stop at the first failure.
+  const auto t_all = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const auto argv = step_argv(exe, s);
+    const bool skip = !o.force && cached(s);
+    if (o.dry_run) {
+      fmt::print("# step {}: {}{}\n# config: {}\n{}\n", i, s.command,
+                 skip ? " (skipped: output exists with the same config)" : "", s.config.dump(),
+                 command_line(argv));
+      continue;
+    }
+    if (skip) {
+      fmt::print(stderr, "[run] step {} ({}): {} exists with the same config (sha256 in {}), skipped\n", i,
+                 s.command, s.effective["out"].get<std::string>(),
+                 sidecar_path(s.effective["out"].get<std::string>()));
+      continue;
+    }
+    fmt::print(stderr, "[run] step {} ({}): {}\n", i, s.command, s.config.dump());
+    const auto t0 = std::chrono::steady_clock::now();
+    int rc = run_process(argv, nullptr);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    KVLAB_CHECK(rc == 0, "{}: steps[{}] ({}) failed with exit status {} after {:.1f} s", o.file, i, s.command, rc,
+                sec);
+    if (kCachedCommands.count(s.command) && s.effective.contains("out")) {
+      const std::string out = s.effective["out"].get<std::string>();
+      write_json_atomic(sidecar_path(out), {{"command", s.command},
+                                            {"config", s.effective},
+                                            {"config_sha256", config_sha(s.effective)},
+                                            {"run_file", o.file}});
+    }
+    fmt::print(stderr, "[run] step {} ({}) done in {:.1f} s\n", i, s.command, sec);
+  }
+  if (!o.dry_run)
+    fmt::print(stderr, "[run] {} done in {:.1f} s\n", o.file,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count());
+}
+
+}  // namespace
+
+void setup_run(CLI::App& app) {
+  auto opts = std::make_shared<RunOptions>();
+  auto cmd = std::make_shared<Command>(
+      app, "run",
+      "Run an experiment file: ordered steps {\"command\", \"config\"}, each as 'kvlab <command> --config <step "
+      "config>'. Paths in the file are relative to the current directory (run from the repo root)");
+  opts->fields(cmd->fields());
+  cmd->bind();
+  cmd->app()->callback([opts, cmd] {
+    if (!cmd->resolve()) return;
+    run_run(*opts);
+  });
+}
+
+}  // namespace kvlab::cli
