@@ -76,12 +76,8 @@ void check_keys(const nlohmann::json& j, const std::vector<std::string>& allowed
   }
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  KVLAB_CHECK(!ec, "cannot resolve /proc/self/exe: {}", ec.message());
-  return p.string();
-}
+// argv[0] of child steps: this binary (exec'd through /proc/self/exe, see run_process).
+const std::string kSelf = "kvlab";
 
 // Runs argv; returns the exit status (128 + signal if killed). With `out`, captures stdout.
 int run_process(const std::vector<std::string>& argv, std::string* out) {
@@ -98,7 +94,9 @@ int run_process(const std::vector<std::string>& argv, std::string* out) {
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    execv(args[0], args.data());
+    // Exec the running binary's inode, not its path: a rebuild that replaces build/apps/kvlab
+    // mid-run must not change (or break) the binary, and the git SHA, of later steps.
+    execv(argv[0] == kSelf ? "/proc/self/exe" : args[0], args.data());
     _exit(127);
   }
   if (out) {
@@ -171,7 +169,7 @@ void run_run(const RunOptions& o) {
   check_keys(spec, kTopKeys, o.file);
   KVLAB_CHECK(spec.contains("steps") && spec["steps"].is_array() && !spec["steps"].empty(),
               "{}: 'steps' must be a non-empty array of {{\"command\": ..., \"config\": {{...}}}}", o.file);
-  const std::string exe = self_exe();
+  const std::string exe = kSelf;
   TempDir tmp;
 
   // 1. Parse and validate every step with its own command before running any.
