@@ -64,7 +64,7 @@ def main():
                  f"config `configs/paper/balancekv_fig2.json`). Capture: model `{cap.get('model_id', '?')}`, "
                  f"`{cap.get('source_dataset', '?')}` sample 0; queries {cfg.get('queries')}, first "
                  f"{cfg.get('keep_first')} / last {cfg.get('keep_last')} tokens exact, "
-                 f"{len({r['seed'] for r in res['rows']})} seeds. Relative error ‖z − Attn‖/‖Attn‖ "
+                 f"{agg['overall'][0]['n_seeds']} seeds. Relative error ‖z − Attn‖/‖Attn‖ "
                  "(METHODS.md §2), mean ± std over seeds of the per-seed mean over KV heads and queries. "
                  "Layers are 1-based as in the paper; 'all' = all 30 layers.\n")
     lines.append("| layer | T | kept | BalanceKV | " + " | ".join(baselines) + " |")

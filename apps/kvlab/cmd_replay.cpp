@@ -44,6 +44,7 @@ struct ReplayOptions {
   std::string device = "cpu";
   bool list_methods = false;
   bool quiet = false;
+  std::string rows_out = "inline";
 
   void fields(FieldList& f) {
     f.add("capture", capture, "capture file (.h5) from 'kvlab dump' or 'kvlab synth'");
@@ -68,6 +69,9 @@ struct ReplayOptions {
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
     f.add("quiet", quiet, "no progress output");
+    f.add("rows_out", rows_out, "per-head rows: inline in result.json, or jsonl = rows.jsonl beside a result.json "
+                                "holding context + aggregate + \"rows_file\" (for big runs)")
+        .one_of({"inline", "jsonl"});
   }
 };
 
@@ -114,6 +118,15 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
              mine.size(), o.shard, methods.size(), settings.size(), seeds.size(), run.path());
 
   nlohmann::json rows = nlohmann::json::array();
+  auto write = [&](nlohmann::json extra) {
+    if (o.rows_out == "inline") return run.write_result(context, rows, extra);
+    std::string text;
+    for (const auto& r : rows) text += r.dump() + "\n";
+    write_text_atomic(run.file("rows.jsonl"), text);
+    extra["rows_file"] = "rows.jsonl";
+    extra["n_rows"] = rows.size();
+    run.write_result(context, nlohmann::json::array(), extra);
+  };
   Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
   for (const auto& [s, l] : mine) {
     auto unit = load_unit(cap, s, l, proto);
@@ -127,11 +140,11 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
           progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.name));
         }
     // Keep what is done on disk: a crash or Ctrl-C later loses nothing already measured.
-    run.write_result(context, rows, {{"complete", false}});
+    write({{"complete", false}});
   }
   progress.finish();
   auto agg = replay_aggregates(rows);
-  run.write_result(context, rows, {{"complete", true}, {"aggregate", agg}});
+  write({{"complete", true}, {"aggregate", agg}});
   write_replay_tables(run, agg);
   std::cout << render_replay_table(agg["overall"]);
   fmt::print(stderr, "[replay] wrote {}\n", run.file("result.json"));
