@@ -1,0 +1,205 @@
+// The kvlab binary end to end: version, inspect, one clear error line for each kind of bad input,
+// replay + shards + merge on a synthetic capture, and replay of a real stories260K capture.
+#include <doctest/doctest.h>
+
+#include <H5Cpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kvlab/config.h"
+#include "kvlab/synthetic.h"
+#include "test_util.h"
+
+using namespace kvlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run_kvlab(const std::string& args) {
+  Result r;
+  r.code = test::run_command(test::kvlab_bin() + " --threads 2 " + args, &r.out);
+  return r;
+}
+
+int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n + (!s.empty() && s.back() != '\n');
+}
+
+// A failed command prints exactly one line, "error: ...", and exits non-zero.
+void check_one_error(const Result& r, const std::string& needle) {
+  INFO("output: " << r.out);
+  CHECK(r.code != 0);
+  CHECK(count_lines(r.out) == 1);
+  CHECK(r.out.rfind("error: ", 0) == 0);
+  CHECK(r.out.find(needle) != std::string::npos);
+}
+
+std::string small_capture(const std::string& dir) {
+  SyntheticSpec s;
+  s.kind = "heavy";
+  s.n_layers = 2;
+  s.n_q_heads = 4;
+  s.n_kv_heads = 2;
+  s.head_dim = 16;
+  s.n_tokens = 200;
+  s.n_q = 16;
+  s.n_samples = 2;
+  auto path = dir + "/cap.h5";
+  write_synthetic_capture(path, s);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --version and --help") {
+  auto v = run_kvlab("--version");
+  CHECK(v.code == 0);
+  CHECK(v.out.find("kvlab 0.") != std::string::npos);
+  CHECK(v.out.find("LibTorch") != std::string::npos);
+  CHECK(v.out.find("CUDA") != std::string::npos);
+  CHECK(v.out.find("git ") != std::string::npos);
+  auto h = run_kvlab("--help");
+  CHECK(h.code == 0);
+  for (auto cmd : {"inspect", "synth", "replay", "merge", "bench", "dump", "generate"}) {
+    INFO(cmd);
+    CHECK(h.out.find(cmd) != std::string::npos);
+  }
+}
+
+TEST_CASE("cli: inspect prints the shapes; --json parses") {
+  auto dir = test::temp_dir("cli_inspect");
+  auto cap = small_capture(dir);
+  auto r = run_kvlab("inspect " + cap);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("n_q_heads=4 n_kv_heads=2 head_dim=16") != std::string::npos);
+  CHECK(r.out.find("q: [4, 16, 16]  k,v: [2, 200, 16]") != std::string::npos);
+  auto j = run_kvlab("inspect --json " + cap);
+  REQUIRE(j.code == 0);
+  auto parsed = nlohmann::json::parse(j.out);
+  CHECK(parsed["n_samples"] == 2);
+  CHECK(parsed["samples"][1]["n_tokens"] == 200);
+  CHECK(parsed["layers"] == nlohmann::json::array({0, 1}));
+}
+
+TEST_CASE("cli: bad input gives one error line and a non-zero exit") {
+  auto dir = test::temp_dir("cli_bad");
+  auto cap = small_capture(dir);
+  SUBCASE("truncated capture") {
+    auto p = dir + "/trunc.h5";
+    fs::copy_file(cap, p);
+    fs::resize_file(p, fs::file_size(p) * 2 / 3);
+    check_one_error(run_kvlab("inspect " + p), p);
+  }
+  SUBCASE("not a capture") {
+    auto p = dir + "/text.h5";
+    std::ofstream(p) << "not hdf5";
+    check_one_error(run_kvlab("inspect " + p), "not an HDF5 file");
+  }
+  SUBCASE("missing dataset") {
+    auto p = dir + "/missing.h5";
+    fs::copy_file(cap, p);
+    {
+      H5::H5File f(p, H5F_ACC_RDWR);
+      f.unlink("/sample_0001/layer_01/k");
+    }
+    check_one_error(run_kvlab("inspect " + p), "'/sample_0001/layer_01/k' is missing");
+  }
+  SUBCASE("wrong dtype") {
+    auto p = dir + "/dtype.h5";
+    fs::copy_file(cap, p);
+    {
+      H5::H5File f(p, H5F_ACC_RDWR);
+      f.unlink("/sample_0000/layer_00/v");
+      hsize_t dims[3] = {2, 200, 16};
+      f.createDataSet("/sample_0000/layer_00/v", H5::PredType::IEEE_F64LE, H5::DataSpace(3, dims));
+    }
+    check_one_error(run_kvlab("inspect " + p), "expected float32");
+  }
+  SUBCASE("misspelled config key") {
+    auto cfg = dir + "/bad.json";
+    std::ofstream(cfg) << R"({"capture": ")" << cap << R"(", "raito": [0.2]})";
+    check_one_error(run_kvlab("replay --config " + cfg), "unknown key 'raito' (did you mean 'ratio'?)");
+  }
+  SUBCASE("unknown method") {
+    check_one_error(run_kvlab("replay --capture " + cap + " --method chelsa --ratio 0.2"), "Did you mean: chelsea?");
+  }
+  SUBCASE("ratio out of range") {
+    check_one_error(run_kvlab("replay --capture " + cap + " --method uniform --ratio 1.5"),
+                    "--ratio must be in (0, 1], got 1.5");
+  }
+  SUBCASE("unknown parameter") {
+    check_one_error(run_kvlab("replay --capture " + cap + " --method snapkv --ratio 0.2 --param windw=8"),
+                    "unknown parameter 'windw' (did you mean 'window'?)");
+  }
+  SUBCASE("layer not captured") {
+    check_one_error(run_kvlab("replay --capture " + cap + " --method exact --ratio 1 --layers 5"), "--layers");
+  }
+}
+
+TEST_CASE("cli: replay writes complete results; shards merge to the unsharded rows") {
+  auto dir = test::temp_dir("cli_replay");
+  auto cap = small_capture(dir);
+  std::string common = "replay --quiet --capture " + cap + " --method exact,uniform,h2o --ratio 0.25,0.5 --seeds 2";
+  auto full = run_kvlab(common + " --out " + dir + "/full");
+  REQUIRE_MESSAGE(full.code == 0, full.out);
+  auto s0 = run_kvlab(common + " --shard 0/2 --out " + dir + "/s0");
+  auto s1 = run_kvlab(common + " --shard 1/2 --out " + dir + "/s1");
+  REQUIRE(s0.code == 0);
+  REQUIRE(s1.code == 0);
+  auto m = run_kvlab("merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/merged");
+  REQUIRE_MESSAGE(m.code == 0, m.out);
+  auto a = read_json_file(dir + "/full/result.json"), b = read_json_file(dir + "/merged/result.json");
+  CHECK(a["complete"] == true);
+  // 2 samples x 2 layers x 2 heads x 3 methods x 2 ratios x 2 seeds
+  CHECK(a["rows"].size() == 96);
+  CHECK(b["rows"].size() == 96);
+  CHECK(a["aggregate"]["overall"].size() == 6);
+  for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i) {
+    auto ra = a["aggregate"]["overall"][i], rb = b["aggregate"]["overall"][i];
+    CHECK(ra["method"] == rb["method"]);
+    CHECK(ra["rel_err"].get<double>() == doctest::Approx(rb["rel_err"].get<double>()).epsilon(1e-12));
+  }
+  CHECK(a["context"].contains("git_sha"));
+  CHECK(a["context"]["config"]["method"] == "exact,uniform,h2o");
+  // A merge with a shard missing is refused.
+  check_one_error(run_kvlab("merge " + dir + "/s0 --out " + dir + "/bad"), "1 of 2 shards");
+}
+
+TEST_CASE("cli: every method replays a real stories260K capture") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("stories260K not found under " << model << ": skipped");
+    return;
+  }
+  auto dir = test::temp_dir("cli_stories");
+  auto cap = dir + "/stories.h5";
+  auto d = run_kvlab("dump --model " + model +
+                 " --prompt 'Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                 "park with her friends. One day, she saw a big red ball under a tree and wanted to play with it.'"
+                 " --queries last:16 --out " + cap);
+  REQUIRE_MESSAGE(d.code == 0, d.out);
+  auto r = run_kvlab("replay --quiet --capture " + cap + " --method all --ratio 0.5 --out " + dir + "/rep");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  auto j = read_json_file(dir + "/rep/result.json");
+  std::set<std::string> methods;
+  for (const auto& row : j["rows"]) {
+    methods.insert(row["method"].get<std::string>());
+    CHECK(std::isfinite(row["rel_err"].get<double>()));
+    if (row["method"] == "exact") CHECK(row["rel_err"].get<double>() < 1e-5);
+  }
+  auto listed = run_kvlab("replay --list-methods");
+  std::istringstream lines(listed.out);
+  size_t n_listed = 0;
+  for (std::string line; std::getline(lines, line);) n_listed += !line.empty();
+  CHECK(methods.size() == n_listed);
+  CHECK(n_listed >= 17);
+}
