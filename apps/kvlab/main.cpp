@@ -6,6 +6,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
 #include <iostream>
 #include <thread>
 
@@ -16,7 +18,14 @@
 namespace kvlab::cli {
 namespace {
 int g_threads = 0;
+
+// LibTorch's CPU matmul goes to OpenBLAS when libopenblas0-pthread is installed; its own thread
+// pool ignores at::set_num_threads. Set it too when it is there (no link-time dependency).
+void set_blas_threads(int n) {
+  using SetThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
 }
+}  // namespace
 int threads() { return g_threads; }
 }  // namespace kvlab::cli
 
@@ -43,6 +52,7 @@ int main(int argc, char** argv) {
   // Global settings take effect before any subcommand callback runs.
   app.parse_complete_callback([&] {
     at::set_num_threads(threads);
+    kvlab::cli::set_blas_threads(threads);
     kvlab::cli::g_threads = threads;
   });
 
