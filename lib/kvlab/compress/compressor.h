@@ -2,7 +2,9 @@
 //
 // A compressor sees one layer's compressible region (all KV heads) and returns, per KV head,
 // kept or merged entries with an additive log-weight bias. Replay calls `compress` once per
-// (sample, layer); generation drives the same method through a per-layer `CachePolicy`.
+// (sample, layer). Streaming methods are built on a state object that `compress` drives over the
+// region (H2OCache in h2o.h, CaMCache in cam.h, BuzzCache in buzz.h, ChelseaCache in chelsea.h,
+// SubGenState in subgen.h), so token-by-token generation can reuse the same code.
 //
 // Vocabulary: `ratio` is the fraction of the region kept (entries after / tokens before);
 // `budget` is the same as an absolute count of entries per KV head.
