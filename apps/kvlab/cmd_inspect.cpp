@@ -1,6 +1,7 @@
 // kvlab inspect FILE [--json]: summary of a capture (model, samples, lengths, layers, heads, sizes).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <memory>
