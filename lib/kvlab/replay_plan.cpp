@@ -106,7 +106,7 @@ std::pair<int, int> parse_shard(const std::string& spec) {
 void check_device(const std::string& device) {
   if (device == "cpu") return;
   KVLAB_CHECK(device.rfind("cuda", 0) == 0, "--device: expected cpu, cuda or cuda:N, got '{}'", device);
-  KVLAB_CHECK(at::hasCUDA(), "--device {}: this LibTorch build has no CUDA (kvlab --version shows it)", device);
+  KVLAB_CHECK(at::hasCUDA(), "--device {}: CUDA is not available (this LibTorch has no CUDA, or no GPU is visible; kvlab --version shows which)", device);
 }
 
 std::vector<int> select_layers(const CaptureMeta& meta, const std::string& spec) {
