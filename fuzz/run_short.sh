@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Short fuzzing run (the test-suite one): builds the libFuzzer targets with clang in build-fuzz/
-# and runs each for FUZZ_SECONDS (default 20) from the committed seed corpus fuzz/corpus/<name>/.
+# and runs each for FUZZ_SECONDS (default 20) from the committed seed corpus tests/fixtures/fuzz_corpus/<name>/.
 # Usage: fuzz/run_short.sh [fuzzer names...]      (default: every fuzz_* target below)
 # Exit status is non-zero if a fuzzer finds a crash, a sanitizer report or a non-kvlab exception;
 # the reproducer is written to build-fuzz/artifacts/<name>/. See fuzz/README.md for the long run.
@@ -34,7 +34,7 @@ for f in "${fuzzers[@]}"; do
   work="$build/corpus/$f"            # grows; the committed seeds stay untouched
   art="$build/artifacts/$f/"
   mkdir -p "$work" "$art"
-  seeds="$repo/fuzz/corpus/$f"
+  seeds="$repo/tests/fixtures/fuzz_corpus/$f"
   dict=()
   [[ -f "$repo/fuzz/$f.dict" ]] && dict=(-dict="$repo/fuzz/$f.dict")
   echo "[fuzz] $f for ${seconds}s" >&2
