@@ -80,15 +80,9 @@ namespace {
 class PyramidKV final : public Compressor {
  public:
   explicit PyramidKV(Params p) {
-    opt_.window = p.get_int("window", 32);
-    opt_.kernel = p.get_int("kernel", 7);
-    opt_.pooling = p.get_string("pooling", "max", {"max", "avg"});
-    opt_.gqa_reduce = p.get_string("gqa_reduce", "mean", {"mean", "max", "sum"});
+    opt_ = read_snapkv_options(p, "pyramidkv");
     beta_ = p.get_int("beta", 20);
     floor_ = p.get_bool("pyramid_floor", false);
-    KVLAB_CHECK(opt_.window >= 1, "pyramidkv: parameter 'window' must be >= 1, got {}", opt_.window);
-    KVLAB_CHECK(opt_.kernel >= 1 && opt_.kernel % 2 == 1,
-                "pyramidkv: parameter 'kernel' must be an odd number >= 1, got {}", opt_.kernel);
     KVLAB_CHECK(beta_ >= 1, "pyramidkv: parameter 'beta' must be >= 1, got {}", beta_);
     params_ = p.effective();
     p.finish();

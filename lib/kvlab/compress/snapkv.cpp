@@ -71,18 +71,24 @@ at::Tensor snapkv_select(const LayerKV& kv, int64_t budget, const SnapKVOptions&
   return detail::pad_index_rows(rows);                                     // [Hkv, budget]
 }
 
+SnapKVOptions read_snapkv_options(Params& p, const std::string& method) {
+  SnapKVOptions o;
+  o.window = p.get_int("window", 32);
+  o.kernel = p.get_int("kernel", 7);
+  o.pooling = p.get_string("pooling", "max", {"max", "avg"});
+  o.gqa_reduce = p.get_string("gqa_reduce", "mean", {"mean", "max", "sum"});
+  KVLAB_CHECK(o.window >= 1, "{}: parameter 'window' must be >= 1, got {}", method, o.window);
+  KVLAB_CHECK(o.kernel >= 1 && o.kernel % 2 == 1, "{}: parameter 'kernel' must be an odd number >= 1, got {}",
+              method, o.kernel);
+  return o;
+}
+
 namespace {
 
 class SnapKV final : public Compressor {
  public:
   explicit SnapKV(Params p) {
-    opt_.window = p.get_int("window", 32);
-    opt_.kernel = p.get_int("kernel", 7);
-    opt_.pooling = p.get_string("pooling", "max", {"max", "avg"});
-    opt_.gqa_reduce = p.get_string("gqa_reduce", "mean", {"mean", "max", "sum"});
-    KVLAB_CHECK(opt_.window >= 1, "snapkv: parameter 'window' must be >= 1, got {}", opt_.window);
-    KVLAB_CHECK(opt_.kernel >= 1 && opt_.kernel % 2 == 1,
-                "snapkv: parameter 'kernel' must be an odd number >= 1, got {}", opt_.kernel);
+    opt_ = read_snapkv_options(p, "snapkv");
     params_ = p.effective();
     p.finish();
   }

@@ -19,6 +19,10 @@ struct SnapKVOptions {
   std::string gqa_reduce = "mean"; // over a KV group's query heads, per query
 };
 
+// Reads and validates the four SnapKV parameters (shared by snapkv and pyramidkv); `method`
+// names the method in errors.
+SnapKVOptions read_snapkv_options(Params& p, const std::string& method);
+
 // Per KV head, the region indices SnapKV keeps for `budget` entries: the region keys inside the
 // observation window (positions >= the window's first query) and the top-(budget − those) prefix
 // keys by pooled window attention. -> [n_kv_heads, budget] int64, ascending per row, CPU.
