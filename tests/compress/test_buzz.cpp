@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "compress_test_util.h"
 #include "kvlab/attention.h"
 #include "kvlab/check.h"
 #include "kvlab/compress/buzz.h"
@@ -16,42 +17,11 @@
 #include "kvlab/synthetic.h"
 
 using namespace kvlab;
+using kvlab::test::budget_opt;
+using kvlab::test::make_kv;
+using kvlab::test::rel_err;
 
 namespace {
-
-LayerKV make_kv(const std::string& kind, int64_t n, int64_t n_q, int hq = 4, int hkv = 2, int d = 16,
-                uint64_t seed = 1, at::ScalarType dt = at::kDouble) {
-  SyntheticSpec spec;
-  spec.kind = kind;
-  spec.n_q_heads = hq;
-  spec.n_kv_heads = hkv;
-  spec.head_dim = d;
-  spec.n_tokens = n;
-  spec.n_q = n_q;
-  spec.seed = seed;
-  auto t = synthetic_layer(spec, 0, 0);
-  LayerKV kv;
-  kv.keys = t.k.to(dt);
-  kv.values = t.v.to(dt);
-  kv.queries = t.q.to(dt);
-  kv.query_pos = at::arange(n - n_q, n, at::kLong);
-  return kv;
-}
-
-CompressOptions budget_opt(int64_t b) {
-  CompressOptions o;
-  o.budget = b;
-  return o;
-}
-
-// Mean over query heads and queries of ‖z − exact‖ / ‖exact‖ (non-causal: the whole region).
-double rel_err(const LayerKV& kv, const CompressedKV& c) {
-  AttentionOptions ao;
-  ao.logit_scale = c.logit_scale;
-  auto z = attention(kv.queries, {c.keys, c.values, c.bias, {}}, nullptr, ao);  // [Hq, nq, d]
-  auto e = exact_attention(kv.queries, kv.keys, kv.values, false);             // [Hq, nq, d]
-  return ((z - e).norm(2, -1) / e.norm(2, -1)).mean().item<double>();
-}
 
 // Accumulated attention, naively: score[h][i] = Σ_{q heads of group h} Σ_{obs j: pos_j >= i}
 // softmax_j(i), softmax over keys i' <= pos_j.
