@@ -1,7 +1,7 @@
 // libFuzzer target: the GGUF parser on arbitrary bytes, then dequantization of every tensor kvlab
 // supports. Any exception other than kvlab::Error, any crash or sanitizer report is a bug.
-#include "kvlab/check.h"
-#include "kvlab/gguf.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/gguf.h"
 
 #include <cstddef>
 #include <cstdint>

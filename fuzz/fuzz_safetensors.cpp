@@ -1,7 +1,7 @@
 // libFuzzer target: the safetensors header parser on arbitrary bytes, then a copy of every tensor.
 // Any exception other than kvlab::Error, any crash or sanitizer report is a bug.
-#include "kvlab/check.h"
-#include "kvlab/safetensors.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/safetensors.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,8 +1,8 @@
 // libFuzzer target for the tokenizer.json loader: any input must either load or throw
 // kvlab::Error; a loaded tokenizer must then encode and decode a few strings without crashing.
 // Seed corpus: ../shared/tokenizers/*/tokenizer.json (large) or small hand-made files.
-#include "kvlab/check.h"
-#include "kvlab/tokenizer.h"
+#include "kvlab/core/check.h"
+#include "kvlab/tokenizer/tokenizer.h"
 
 #include <cstddef>
 #include <cstdint>

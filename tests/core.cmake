@@ -2,5 +2,5 @@
 kvlab_test(test_core
   SOURCES core/test_attention.cpp core/test_metrics.cpp core/test_capture.cpp core/test_config.cpp
           core/test_report.cpp
-  LIBS kvlab_core
+  LIBS kvlab_io kvlab_attention
   LABELS unit)

@@ -9,10 +9,10 @@
 #include <iostream>
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
+#include "kvlab/attention/attention.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab::cli {
 namespace {
@@ -51,7 +51,7 @@ double median_seconds(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-void run_attention_bench(const AttentionBenchOptions& o) {
+void run_attention_bench(const AttentionBenchOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens], got {}", o.queries);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   KVLAB_CHECK(o.q_heads % o.kv_heads == 0, "--q-heads must be a multiple of --kv-heads");
@@ -98,15 +98,9 @@ CLI::App& bench_group(CLI::App& app) {
 }
 
 void setup_bench(CLI::App& app) {
-  auto& bench = bench_group(app);
-  auto opts = std::make_shared<AttentionBenchOptions>();
-  auto cmd = std::make_shared<Command>(bench, "attention", "Exact-attention replay throughput vs matmul GFLOP/s");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_attention_bench(*opts);
-  });
+  add_command<AttentionBenchOptions>(bench_group(app), "attention",
+                     "Exact-attention replay throughput vs matmul GFLOP/s",
+                     run_attention_bench);
 }
 
 }  // namespace kvlab::cli

@@ -14,8 +14,8 @@
 //     memory (SyntheticSpec kind=clustered, head_dim 64, 9 query / 3 KV heads, 8 clusters,
 //     seed --seed) of max(size) + `--queries` tokens whose last `--queries` positions are the
 //     queries, so every size up to 16k is covered;
-//   - budget = budget_from_ratio(--ratio, n) per KV head, except for halving methods (the claims
-//     table marks them: balancekv, balancekv-mr, uniform-halving), which get T = --T halvings
+//   - budget = --ratio of the region per KV head, except for halving methods (the registry marks
+//     them: balancekv, balancekv-mr, uniform-halving), which get T = --T halvings
 //     (T = 2 keeps n/4; given the ratio-0.2 budget they would pick T = 3, n/8, instead);
 //   - time = median of --reps wall-clock timings of compress() (one untimed warm-up call per
 //     method at its first size), divided by n_kv_heads for "ms per (layer, head)";
@@ -24,7 +24,7 @@
 //     takes longer than --max-call-seconds its larger sizes are skipped (both said in the note).
 // Timings are figures, not assertions: they depend on the machine, --threads and other load.
 //
-// The claimed exponents (kClaims below) are the time of compressing (or streaming) n tokens
+// The claimed exponents (each method's registry entry, CompressorInfo::cost) are the time of compressing (or streaming) n tokens
 // under each paper's own parameters held fixed; where kvlab's ratio → parameter mapping makes a
 // parameter grow with n, the note says what the paper's bound then gives.
 #include <ATen/Parallel.h>
@@ -39,63 +39,21 @@
 #include <memory>
 #include <optional>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/capture.h"
-#include "kvlab/check.h"
 #include "kvlab/compress/compressor.h"
-#include "kvlab/config.h"
-#include "kvlab/fit.h"
-#include "kvlab/provenance.h"
-#include "kvlab/replay_plan.h"
-#include "kvlab/report.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/fit.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/io/capture.h"
+#include "kvlab/io/synthetic.h"
+#include "kvlab/replay/plan.h"
 
 namespace kvlab::cli {
 namespace {
 
 constexpr double kNotStated = std::numeric_limits<double>::quiet_NaN();
-
-// What each method's source claims for the time of compressing n tokens, as an exponent of n.
-// `known` marks baselines whose cost is the standard one of the algorithm (no paper in
-// shared/papers states it); NaN = the source states none ("-" in the table).
-struct Claim {
-  const char* method;
-  double exponent;
-  bool halving;      // compressed by T halvings rather than a budget (see the header)
-  const char* note;  // short, for the text table
-  const char* source;
-};
-
-// clang-format off
-const std::vector<Claim>& claims() {
-  static const std::vector<Claim> c = {
-    {"exact", kNotStated, false, "no work (keep_all)", "not stated: the identity"},
-    {"uniform", 1.0, false, "known: random subset O(n)", "known cost: a random permutation / subset of n tokens, O(n) (METHODS.md §3)"},
-    {"uniform-halving", 1.0, true, "known: T random halvings O(n)", "known cost: T rounds of random signs over the survivors, O(n) (BalanceKV §4.1's baseline)"},
-    {"streaming_llm", 1.0, false, "known: gather sinks+window O(n)", "known cost: a gather of n_sink + window tokens, O(budget) = O(n) at a fixed ratio (StreamingLLM, Xiao et al.)"},
-    {"local", 1.0, false, "known: gather window O(n)", "known cost: a gather of the recent window, O(budget) = O(n) at a fixed ratio"},
-    {"h2o", 1.0, false, "known: O(n_obs n d) scores + top-k", "known cost: accumulated attention of n_obs queries over n keys O(n_obs·n·d), then top-k O(n log n) (H2O, Zhang et al.)"},
-    {"snapkv", 1.0, false, "known: O(w n d) window scores + top-k", "known cost: the w-query observation window over n keys O(w·n·d), 1-D pooling O(n), top-k (SnapKV, Li et al.)"},
-    {"pyramidkv", 1.0, false, "known: as SnapKV, O(w n d)", "known cost: SnapKV's selection with a per-layer budget, O(w·n·d) (PyramidKV, Cai et al.)"},
-    {"cam", 1.0, false, "known: eviction + merges O(n m d)", "known cost: StreamingLLM eviction plus merging each evicted value into m kept ones, O(n·m·d) for fixed m (CaM, Zhang et al.)"},
-    {"buzz", 1.0, false, "BUZZ §3.3: O(n) (abstract: 'log n')", "BUZZ §3.3 'Time Complexity': O(1) per chunk for chunking and each local heavy hitter, overall O(n), attention scores excluded; the abstract and §5 speak of 'log n time complexity', not derived"},
-    {"buzz-interval", 1.0, false, "BUZZ §3.3: O(n)", "BUZZ §3.3 (as buzz); interval sampling is O(1) per kept token"},
-    {"buzz-logn", 1.0, false, "BUZZ §3.3: O(n)", "BUZZ §3.3 (as buzz); §3.5's log n only rescales logits"},
-    {"chelsea", 1.0, false, "Chelsea §5.2 Tab.1: n c d / 4", "Chelsea §5.2 Table 1: chunked soft matching's distance matrix costs n·c·d/4 for chunk size c (vs n²d/4 unchunked); c fixed -> O(n)"},
-    {"balancekv", 1.0, true, "BalanceKV §4+Thm 3.2: O(n b d)/halving", "BalanceKV §4.1 (SoftmaxBalance run in parallel on blocks of b) with Theorem 3.2 (SoftmaxBalance on m points: O((d+s)m²)): O(n·b·(d+s)) per halving, geometric over T; derived, the paper states no total"},
-    {"balancekv-mr", 1.0, true, "BalanceKV Thm 3.1/3.3: O(n t d)", "BalanceKV §3.2 proof of Theorem 3.3: O(n/t) SoftmaxBalance calls on batches of <= t points, each O(d·t²), i.e. O*(1/ε²) per stream step (Theorem 3.1) and O(n·t·d) for n tokens with t fixed"},
-    {"subgen", 1.0, false, "SubGen Thm 1: O(d(mt+s))/token; =n² if mt+s∝n", "SubGen §2.4 Theorem 1: runtime O(d·(m·t + s)) per stream step, so O(n·d·(m·t+s)) for n tokens, sublinear per step when m = n^(1-Ω(1)) (Corollary 1); kvlab sets m·t + s = budget ∝ n at a fixed ratio (and bisects δ), for which the same bound gives n²"},
-    {"clustergen", kNotStated, false, "§4 k-center: not stated (Gonzalez: n k d)", "ClusterGen §4: greedy k-center 'applied once to the entire KV cache', cost not stated (Gonzalez: O(n·k·d), k ∝ n at a fixed ratio -> n²); Theorem 2.4's O(d(mt+s)) per step is for Algorithm 1 (kvlab's subgen)"},
-  };
-  return c;
-}
-// clang-format on
-
-const Claim* find_claim(const std::string& method) {
-  for (const auto& c : claims())
-    if (method == c.method) return &c;
-  return nullptr;
-}
 
 struct CompressBenchOptions {
   std::string capture;  // empty = synthetic
@@ -205,8 +163,7 @@ nlohmann::json num_or_null(double x) { return std::isnan(x) ? nlohmann::json() :
 
 void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
-  KVLAB_CHECK(o.ratio > 0 && o.ratio <= 1, "--ratio must be in (0, 1], got {}", o.ratio);
-  KVLAB_CHECK(o.T >= 0 && o.T <= 30, "--T (halvings) must be in [0, 30], got {}", o.T);
+  const Budget by_ratio = Budget::of_ratio(o.ratio), by_halvings = Budget::of_halvings(o.T);
   KVLAB_CHECK(o.queries >= 1, "--queries must be >= 1, got {}", o.queries);
   KVLAB_CHECK(o.tokens >= 2, "--tokens must be >= 2, got {}", o.tokens);
   KVLAB_CHECK(o.max_tokens >= 0, "--max-tokens must be >= 0 (0 = no cap), got {}", o.max_tokens);
@@ -252,8 +209,8 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
 
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& m : methods) {
-    const Claim* claim = find_claim(m.name);
-    const bool halving = claim && claim->halving;
+    const CompressorInfo& info = compressor_info(m.name);
+    const bool halving = info.halving;
     std::vector<std::string> notes = notes_all;
     nlohmann::json per_size = nlohmann::json::array();
     std::vector<double> xs, ys;
@@ -271,8 +228,7 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
       kv.n_layers = in.n_layers;
       CompressOptions opt;
       opt.seed = static_cast<uint64_t>(o.seed);
-      if (halving) opt.halvings = o.T;
-      else opt.budget = budget_from_ratio(o.ratio, n);
+      opt.budget = halving ? by_halvings : by_ratio;
       double entries = 0;
       auto once = [&] {
         auto t0 = std::chrono::steady_clock::now();
@@ -319,8 +275,8 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
     } else {
       notes.push_back("fewer than 2 sizes: no exponent");
     }
-    const double claimed = claim ? claim->exponent : kNotStated;
-    std::string note = claim ? claim->note : "not in the claims table";
+    const double claimed = info.cost.exponent;
+    std::string note = info.cost.note;
     for (const auto& s : notes) note += "; " + s;
     nlohmann::json setting = halving ? nlohmann::json{{"T", o.T}} : nlohmann::json{{"ratio", o.ratio}};
     rows.push_back({{"method", m.name},
@@ -333,7 +289,7 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
                     {"exponent_r2", num_or_null(r2)},
                     {"fit_sizes", xs},
                     {"exponent_claimed", num_or_null(claimed)},
-                    {"claim_source", claim ? claim->source : "not stated"},
+                    {"claim_source", info.cost.source},
                     {"note", note},
                     {"sizes", per_size}});
   }
@@ -384,17 +340,10 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
 }  // namespace
 
 void setup_bench_compress(CLI::App& app) {
-  auto& bench = bench_group(app);
-  auto opts = std::make_shared<CompressBenchOptions>();
-  auto cmd = std::make_shared<Command>(bench, "compress",
-                                       "Compression time per (layer, head) and its growth exponent in n, "
-                                       "beside each paper's claimed exponent");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_compress_bench(*opts, cmd->effective());
-  });
+  add_command<CompressBenchOptions>(bench_group(app), "compress",
+                     "Compression time per (layer, head) and its growth exponent in n, "
+                                 "beside each paper's claimed exponent",
+                     run_compress_bench);
 }
 
 }  // namespace kvlab::cli

@@ -13,10 +13,11 @@
 #include <iostream>
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/model.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/model/model.h"
 
 namespace kvlab::cli {
 namespace {
@@ -38,7 +39,7 @@ struct PrefillBenchOptions {
   }
 };
 
-void run_prefill_bench(const PrefillBenchOptions& o) {
+void run_prefill_bench(const PrefillBenchOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   ModelLoadOptions lo;
@@ -81,15 +82,9 @@ void run_prefill_bench(const PrefillBenchOptions& o) {
 }  // namespace
 
 void setup_bench_prefill(CLI::App& app) {
-  auto& bench = bench_group(app);
-  auto opts = std::make_shared<PrefillBenchOptions>();
-  auto cmd = std::make_shared<Command>(bench, "prefill", "Model prefill throughput in tokens/s");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_prefill_bench(*opts);
-  });
+  add_command<PrefillBenchOptions>(bench_group(app), "prefill",
+                     "Model prefill throughput in tokens/s",
+                     run_prefill_bench);
 }
 
 }  // namespace kvlab::cli

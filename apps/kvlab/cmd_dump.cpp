@@ -19,14 +19,15 @@
 #include <set>
 #include <sstream>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/capture.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/datasets.h"
-#include "kvlab/model.h"
-#include "kvlab/model_tokenizer.h"
-#include "kvlab/progress.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/progress.h"
+#include "kvlab/eval/datasets.h"
+#include "kvlab/io/capture.h"
+#include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
 
 namespace kvlab::cli {
 namespace {
@@ -136,7 +137,7 @@ int64_t peak_rss_kib() {
   return -1;
 }
 
-void run_dump(const DumpOptions& o) {
+void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
 #if defined(__GLIBC__)
   // glibc raises its mmap threshold (up to 32 MiB) each time a large block is freed, after which
   // the per-layer temporaries of the forward and the HDF5 compression buffers interleave on the
@@ -239,14 +240,9 @@ void run_dump(const DumpOptions& o) {
 }  // namespace
 
 void setup_dump(CLI::App& app) {
-  auto opts = std::make_shared<DumpOptions>();
-  auto cmd = std::make_shared<Command>(app, "dump", "Capture post-RoPE q/k/v of a model's prefill into an HDF5 capture");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_dump(*opts);
-  });
+  add_command<DumpOptions>(app, "dump",
+                     "Capture post-RoPE q/k/v of a model's prefill into an HDF5 capture",
+                     run_dump);
 }
 
 }  // namespace kvlab::cli

@@ -12,11 +12,13 @@
 #include <iostream>
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/model.h"
-#include "kvlab/model_tokenizer.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/text.h"
+#include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
 
 namespace kvlab::cli {
 namespace {
@@ -46,30 +48,7 @@ struct GenerateCmdOptions {
   }
 };
 
-std::vector<int64_t> parse_ids(const std::string& s, const std::string& flag) {
-  std::vector<int64_t> ids;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    const std::string item = s.substr(pos, end - pos);
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KVLAB_CHECK(!item.empty() && used == item.size() && v >= 0,
-                "{} '{}': expected comma-separated non-negative integers, bad item '{}'", flag, s,
-                item);
-    ids.push_back(v);
-    pos = end + 1;
-  }
-  return ids;
-}
-
-void run_generate(const GenerateCmdOptions& o) {
+void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
               "give exactly one of --prompt and --prompt-ids");
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
@@ -85,7 +64,7 @@ void run_generate(const GenerateCmdOptions& o) {
   std::vector<int64_t> prompt_ids;
   std::string template_name = "none";
   if (!o.prompt_ids.empty()) {
-    prompt_ids = parse_ids(o.prompt_ids, "--prompt-ids");
+    prompt_ids = parse_id_list(o.prompt_ids, "--prompt-ids");
   } else {
     tok = std::make_unique<Tokenizer>(load_model_tokenizer(src));
     const std::string text = apply_model_chat_template(o.chat_template, src, *tok, o.prompt, &template_name);
@@ -142,14 +121,9 @@ void run_generate(const GenerateCmdOptions& o) {
 }  // namespace
 
 void setup_generate(CLI::App& app) {
-  auto opts = std::make_shared<GenerateCmdOptions>();
-  auto cmd = std::make_shared<Command>(app, "generate", "Greedy decoding with a model (prints text and ids)");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_generate(*opts);
-  });
+  add_command<GenerateCmdOptions>(app, "generate",
+                     "Greedy decoding with a model (prints text and ids)",
+                     run_generate);
 }
 
 }  // namespace kvlab::cli

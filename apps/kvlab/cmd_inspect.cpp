@@ -6,9 +6,9 @@
 #include <iostream>
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/capture.h"
-#include "kvlab/config.h"
+#include "kvlab/io/capture.h"
 
 namespace kvlab::cli {
 namespace {
@@ -77,20 +77,15 @@ void print_text(const nlohmann::json& j) {
   fmt::print("size       {:.2f} MiB on disk, {:.2f} MiB of q/k/v uncompressed\n", file_mb, raw_mb);
 }
 
+void run_inspect(const InspectOptions& o, const nlohmann::json& /*effective*/) {
+  CaptureReader reader(o.file);
+  auto j = summarise(reader);
+  if (o.json) std::cout << j.dump(2) << "\n";
+  else print_text(j);
+}
+
 }  // namespace
 
-void setup_inspect(CLI::App& app) {
-  auto opts = std::make_shared<InspectOptions>();
-  auto cmd = std::make_shared<Command>(app, "inspect", "Summarise a capture file");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    CaptureReader reader(opts->file);
-    auto j = summarise(reader);
-    if (opts->json) std::cout << j.dump(2) << "\n";
-    else print_text(j);
-  });
-}
+void setup_inspect(CLI::App& app) { add_command<InspectOptions>(app, "inspect", "Summarise a capture file", run_inspect); }
 
 }  // namespace kvlab::cli

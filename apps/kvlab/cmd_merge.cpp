@@ -7,12 +7,13 @@
 #include <memory>
 #include <set>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/provenance.h"
-#include "kvlab/replay_plan.h"
-#include "kvlab/report.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/replay/plan.h"
+#include "kvlab/replay/tables.h"
 
 namespace kvlab::cli {
 namespace {
@@ -67,14 +68,9 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
 }  // namespace
 
 void setup_merge(CLI::App& app) {
-  auto opts = std::make_shared<MergeOptions>();
-  auto cmd = std::make_shared<Command>(app, "merge", "Merge the result.json of replay shards into one run");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_merge(*opts, cmd->effective());
-  });
+  add_command<MergeOptions>(app, "merge",
+                     "Merge the result.json of replay shards into one run",
+                     run_merge);
 }
 
 }  // namespace kvlab::cli

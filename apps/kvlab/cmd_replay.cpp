@@ -6,17 +6,19 @@
 #include <iostream>
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/aggregate.h"
-#include "kvlab/capture.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/progress.h"
-#include "kvlab/provenance.h"
-#include "kvlab/replay.h"
-#include "kvlab/report.h"
-#include "kvlab/text.h"
-#include "kvlab/replay_plan.h"
+#include "kvlab/core/aggregate.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/device.h"
+#include "kvlab/core/progress.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/core/text.h"
+#include "kvlab/io/capture.h"
+#include "kvlab/replay/plan.h"
+#include "kvlab/replay/replay.h"
+#include "kvlab/replay/tables.h"
 
 namespace kvlab::cli {
 namespace {
@@ -77,7 +79,10 @@ struct ReplayOptions {
 
 void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   if (o.list_methods) {
-    for (const auto& info : compressor_infos()) fmt::print("{:<16} {}\n", info.name, info.description);
+    // When a method compresses during generation: every decode step (streaming, as its paper), or
+    // once after prefill with decoded tokens appended exactly (prefill).
+    for (const auto& info : compressor_infos())
+      fmt::print("{:<16} {:<9} {}\n", info.name, info.streaming ? "streaming" : "prefill", info.description);
     return;
   }
   KVLAB_CHECK(!o.capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
@@ -85,7 +90,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   auto methods = build_methods(o.method, o.param, o.params);
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
-  check_device(o.device);
+  parse_device(o.device, "--device");
 
   CaptureReader cap(o.capture);
   const auto& meta = cap.meta();
@@ -134,7 +139,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
       for (const auto& b : settings)
         for (uint64_t seed : seeds) {
           for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto)) {
-            r["setting"] = setting_label(b);
+            r["setting"] = b.label();
             rows.push_back(std::move(r));
           }
           progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.name));
@@ -153,14 +158,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
 }  // namespace
 
 void setup_replay(CLI::App& app) {
-  auto opts = std::make_shared<ReplayOptions>();
-  auto cmd = std::make_shared<Command>(app, "replay", "Replay a capture through compressors; single-layer error vs exact attention");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_replay(*opts, cmd->effective());
-  });
+  add_command<ReplayOptions>(app, "replay",
+                     "Replay a capture through compressors; single-layer error vs exact attention",
+                     run_replay);
 }
 
 }  // namespace kvlab::cli

@@ -29,10 +29,11 @@
 #include <memory>
 #include <set>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/report.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/report.h"
+#include "kvlab/core/sha256.h"
 
 namespace kvlab::cli {
 namespace {
@@ -164,7 +165,7 @@ struct TempDir {
   }
 };
 
-void run_run(const RunOptions& o) {
+void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
   const auto spec = read_json_file(o.file);
   check_keys(spec, kTopKeys, o.file);
   KVLAB_CHECK(spec.contains("steps") && spec["steps"].is_array() && !spec["steps"].empty(),
@@ -250,17 +251,10 @@ void run_run(const RunOptions& o) {
 }  // namespace
 
 void setup_run(CLI::App& app) {
-  auto opts = std::make_shared<RunOptions>();
-  auto cmd = std::make_shared<Command>(
-      app, "run",
-      "Run an experiment file: ordered steps {\"command\", \"config\"}, each as 'kvlab <command> --config <step "
-      "config>'. Paths in the file are relative to the current directory (run from the repo root)");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    run_run(*opts);
-  });
+  add_command<RunOptions>(app, "run",
+                     "Run an experiment file: ordered steps {\"command\", \"config\"}, each as 'kvlab <command> --config <step "
+                     "config>'. Paths in the file are relative to the current directory (run from the repo root)",
+                     run_run);
 }
 
 }  // namespace kvlab::cli

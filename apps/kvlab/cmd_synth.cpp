@@ -5,10 +5,10 @@
 
 #include <memory>
 
+#include "command.h"
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 namespace kvlab::cli {
 namespace {
@@ -44,37 +44,31 @@ struct SynthOptions {
   }
 };
 
+void run_synth(const SynthOptions& o, const nlohmann::json& /*effective*/) {
+  KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
+  KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens={}], got {}",
+              o.tokens, o.queries);
+  KVLAB_CHECK(o.layers >= 1 && o.samples >= 1 && o.head_dim >= 1, "--layers, --samples, --head-dim must be >= 1");
+  KVLAB_CHECK(o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
+              "--q-heads ({}) must be a multiple of --kv-heads ({})", o.q_heads, o.kv_heads);
+  SyntheticSpec s;
+  s.kind = o.kind;
+  s.n_layers = o.layers;
+  s.n_q_heads = o.q_heads;
+  s.n_kv_heads = o.kv_heads;
+  s.head_dim = o.head_dim;
+  s.n_tokens = o.tokens;
+  s.n_q = o.queries;
+  s.n_samples = o.samples;
+  s.n_clusters = o.clusters;
+  s.n_heavy = o.heavy;
+  s.seed = o.seed;
+  write_synthetic_capture(o.out, s, o.dtype);
+  fmt::print(stderr, "wrote {} ({} samples x {} layers, {} tokens)\n", o.out, o.samples, o.layers, o.tokens);
+}
+
 }  // namespace
 
-void setup_synth(CLI::App& app) {
-  auto opts = std::make_shared<SynthOptions>();
-  auto cmd = std::make_shared<Command>(app, "synth", "Write a synthetic capture (no model needed)");
-  opts->fields(cmd->fields());
-  cmd->bind();
-  cmd->app()->callback([opts, cmd] {
-    if (!cmd->resolve()) return;
-    const auto& o = *opts;
-    KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
-    KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens={}], got {}",
-                o.tokens, o.queries);
-    KVLAB_CHECK(o.layers >= 1 && o.samples >= 1 && o.head_dim >= 1, "--layers, --samples, --head-dim must be >= 1");
-    KVLAB_CHECK(o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
-                "--q-heads ({}) must be a multiple of --kv-heads ({})", o.q_heads, o.kv_heads);
-    SyntheticSpec s;
-    s.kind = o.kind;
-    s.n_layers = o.layers;
-    s.n_q_heads = o.q_heads;
-    s.n_kv_heads = o.kv_heads;
-    s.head_dim = o.head_dim;
-    s.n_tokens = o.tokens;
-    s.n_q = o.queries;
-    s.n_samples = o.samples;
-    s.n_clusters = o.clusters;
-    s.n_heavy = o.heavy;
-    s.seed = o.seed;
-    write_synthetic_capture(o.out, s, o.dtype);
-    fmt::print(stderr, "wrote {} ({} samples x {} layers, {} tokens)\n", o.out, o.samples, o.layers, o.tokens);
-  });
-}
+void setup_synth(CLI::App& app) { add_command<SynthOptions>(app, "synth", "Write a synthetic capture (no model needed)", run_synth); }
 
 }  // namespace kvlab::cli

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "commands.h"
-#include "kvlab/check.h"
-#include "kvlab/provenance.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/provenance.h"
 
 namespace kvlab::cli {
 namespace {

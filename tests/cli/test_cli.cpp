@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "kvlab/config.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/config.h"
+#include "kvlab/io/synthetic.h"
 #include "test_util.h"
 
 using namespace kvlab;

@@ -6,9 +6,9 @@
 
 #include <string>
 
-#include "kvlab/attention.h"
+#include "kvlab/attention/attention.h"
 #include "kvlab/compress/compressor.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/io/synthetic.h"
 
 namespace kvlab::test {
 
@@ -34,7 +34,7 @@ inline LayerKV make_kv(const std::string& kind, int64_t n, int64_t n_q, int hq =
 
 inline CompressOptions budget_opt(int64_t b) {
   CompressOptions o;
-  o.budget = b;
+  o.budget = Budget::of_entries(b);
   return o;
 }
 

@@ -12,11 +12,11 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
+#include "kvlab/attention/attention.h"
 #include "kvlab/compress/balancekv.h"
-#include "kvlab/compress/methods.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 using namespace kvlab;
 
@@ -174,7 +174,7 @@ TEST_CASE("halving keeps floor(m/2) per round and the weights multiply") {
       kv.values = v;
       auto c = make_compressor("balancekv", {{"block", 64}});
       CompressOptions opt;
-      opt.halvings = T;
+      opt.budget = Budget::of_halvings(T);
       opt.seed = 3;
       auto out = c->compress(kv, opt);
       CHECK(out.keys.size(1) == m);
@@ -190,7 +190,7 @@ TEST_CASE("release_weights: values scaled by w/2^T, bias log 2^T on every entry"
   kv.keys = at::randn({2, 300, 8}, at::kDouble);
   kv.values = at::randn({2, 300, 8}, at::kDouble);
   CompressOptions opt;
-  opt.halvings = 3;
+  opt.budget = Budget::of_halvings(3);
   opt.seed = 11;
   auto a = make_compressor("balancekv", {})->compress(kv, opt);
   auto b = make_compressor("balancekv", {{"release_weights", true}})->compress(kv, opt);
@@ -214,9 +214,9 @@ TEST_CASE("budget >= n, T = 0 and ratio 1 reproduce exact attention") {
     for (int mode = 0; mode < 3; ++mode) {
       INFO("method=", name, " mode=", mode);
       CompressOptions opt;
-      if (mode == 0) opt.budget = 200;
-      if (mode == 1) opt.halvings = 0;
-      if (mode == 2) opt.budget = budget_from_ratio(1.0, 200);
+      if (mode == 0) opt.budget = Budget::of_entries(200);
+      if (mode == 1) opt.budget = Budget::of_halvings(0);
+      if (mode == 2) opt.budget = Budget::of_ratio(1.0);
       auto c = make_compressor(name, {})->compress(kv, opt);
       CHECK(rel_err(t.q, c, kv) < 1e-5);
     }
@@ -233,7 +233,7 @@ TEST_CASE("budget: never above it; exact at n/2^T; seeds; params") {
   for (int64_t budget : {300, 150, 200, 50, 1}) {
     INFO("budget=", budget);
     CompressOptions opt;
-    opt.budget = budget;
+    opt.budget = Budget::of_entries(budget);
     auto out = c->compress(kv, opt);
     CHECK(out.mean_entries() <= budget);
     CHECK(out.mean_entries() > budget / 2.0);
@@ -243,7 +243,7 @@ TEST_CASE("budget: never above it; exact at n/2^T; seeds; params") {
     INFO("method=", name);
     auto m = make_compressor(name, {});
     CompressOptions o1;
-    o1.halvings = 2;
+    o1.budget = Budget::of_halvings(2);
     o1.seed = 5;
     auto a = m->compress(kv, o1), b = m->compress(kv, o1);
     CHECK(a.keys.equal(b.keys));
@@ -270,7 +270,7 @@ TEST_CASE("balancekv-mr: levels, separate denominator, memory within the budget"
   kv.values = at::randn({2, n, 8}, at::kDouble);
   auto m = make_compressor("balancekv-mr", {{"t", t}});
   CompressOptions opt;
-  opt.halvings = T;
+  opt.budget = Budget::of_halvings(T);
   auto c = m->compress(kv, opt);
   REQUIRE(c.has_separate_den());
   auto real = c.den_bias > -1e30;
@@ -295,7 +295,7 @@ TEST_CASE("balancekv-mr: levels, separate denominator, memory within the budget"
   for (int64_t budget : {600, 300}) {
     INFO("budget=", budget);
     CompressOptions o;
-    o.budget = budget;
+    o.budget = Budget::of_entries(budget);
     auto out = make_compressor("balancekv-mr", {})->compress(kv2, o);
     CHECK(out.mean_memory_entries() <= budget);
     MESSAGE("balancekv-mr budget=", budget, " memory=", out.mean_memory_entries(),
@@ -323,7 +323,7 @@ TEST_CASE("BalanceKV beats uniform halving at the paper's setting (b=256, temp 0
       const int seeds = 2;
       for (int s = 0; s < seeds; ++s) {
         CompressOptions opt;
-        opt.halvings = T;
+        opt.budget = Budget::of_halvings(T);
         opt.seed = 100 + s;
         eb += rel_err(t.q, bal->compress(kv, opt), kv) / seeds;
         eu += rel_err(t.q, uni->compress(kv, opt), kv) / seeds;

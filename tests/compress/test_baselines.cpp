@@ -13,15 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
+#include "kvlab/attention/attention.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/h2o.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/compress/snapkv.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 using kvlab::CompressedKV;
+using kvlab::Budget;
 using kvlab::CompressOptions;
 using kvlab::LayerKV;
 using kvlab::make_compressor;
@@ -50,7 +51,7 @@ LayerKV random_region(int64_t n, int64_t n_obs, int64_t h_kv, int64_t g, int64_t
 
 CompressOptions budget_opt(int64_t b, uint64_t seed = 0) {
   CompressOptions o;
-  o.budget = b;
+  o.budget = Budget::of_entries(b);
   o.seed = seed;
   return o;
 }
@@ -154,7 +155,7 @@ TEST_CASE("baselines: budget >= n reproduces exact attention") {
     CHECK(out.mean_entries() == doctest::Approx(67));
     CHECK(rel_err(kv, out) < 1e-12);
     CompressOptions t0;
-    t0.halvings = 0;
+    t0.budget = Budget::of_halvings(0);
     CHECK(rel_err(kv, c->compress(kv, t0)) < 1e-12);
   }
 }
@@ -281,7 +282,7 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
     for (int T = 1; T <= 5; ++T) {
       INFO("selection=", sel, " T=", T);
       CompressOptions o;
-      o.halvings = T;
+      o.budget = Budget::of_halvings(T);
       o.seed = 9;
       auto out = c->compress(kv, o);
       CHECK(out.keys.size(1) == (203 >> T));
@@ -305,7 +306,7 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
     const int trials = 4000;
     for (int s = 0; s < trials; ++s) {
       CompressOptions o;
-      o.halvings = 1;
+      o.budget = Budget::of_halvings(1);
       o.seed = static_cast<uint64_t>(s);
       for (int64_t i : row(c->compress(small, o).kept_idx, 0)) hits[i]++;
     }
@@ -554,7 +555,7 @@ TEST_CASE("baselines: heavy tokens -> h2o and snapkv beat uniform at ratio 0.1")
     LayerKV kv;
     kv.keys = qkv.k, kv.values = qkv.v, kv.queries = qkv.q;
     kv.query_pos = at::arange(spec.n_tokens - spec.n_q, spec.n_tokens, at::kLong);
-    const int64_t b = kvlab::budget_from_ratio(0.1, spec.n_tokens);
+    const int64_t b = Budget::of_ratio(0.1).entries_for(spec.n_tokens);
     e_uniform += rel_err(kv, make_compressor("uniform", json::object())->compress(kv, budget_opt(b, s)));
     e_h2o += rel_err(kv, make_compressor("h2o", json::object())->compress(kv, budget_opt(b, s)));
     e_snap += rel_err(kv, make_compressor("snapkv", json::object())->compress(kv, budget_opt(b, s)));

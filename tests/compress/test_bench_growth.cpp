@@ -1,11 +1,11 @@
-// The growth-exponent fit behind `kvlab bench compress` (lib/kvlab/fit.h).
+// The growth-exponent fit behind `kvlab bench compress` (lib/kvlab/core/fit.h).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "kvlab/check.h"
-#include "kvlab/fit.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/fit.h"
 
 using kvlab::fit_power_law;
 

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "compress_test_util.h"
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
+#include "kvlab/attention/attention.h"
 #include "kvlab/compress/buzz.h"
 #include "kvlab/compress/compressor.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 using namespace kvlab;
 using kvlab::test::budget_opt;
@@ -106,7 +106,7 @@ TEST_CASE("buzz: kept entries equal the budget (Theorem 3.1 layout chosen from t
     for (int64_t n : {65, 127, 500, 1031}) {
       auto kv = make_kv("random", n, 8, 2, 1, 8);
       for (double ratio : {0.004, 0.02, 0.05, 0.1, 0.25, 0.5, 0.9, 0.99}) {
-        const int64_t b = budget_from_ratio(ratio, n);
+        const int64_t b = Budget::of_ratio(ratio).entries_for(n);
         INFO("method=", name, " n=", n, " ratio=", ratio, " budget=", b);
         auto c = comp->compress(kv, budget_opt(b));
         CHECK(c.keys.size(1) == b);
@@ -148,7 +148,7 @@ TEST_CASE("buzz: the chosen T/w is the closest to Theorem 3.1 among exact-budget
   const double log_rho = std::log(buzz_theorem_ratio(5));
   for (int64_t n : {300, 1000}) {
     for (double ratio : {0.03, 0.1, 0.2, 0.4, 0.7}) {
-      const int64_t b = budget_from_ratio(ratio, n);
+      const int64_t b = Budget::of_ratio(ratio).entries_for(n);
       auto lay = buzz_choose_layout(n, b, base);
       REQUIRE(lay.size == b);
       const double mine = std::abs(std::log(static_cast<double>(lay.threshold) / lay.window) - log_rho);
@@ -168,13 +168,13 @@ TEST_CASE("buzz: the chosen T/w is the closest to Theorem 3.1 among exact-budget
   }
   // Where the chain of old-sample counts leaves room, T/w is Theorem 3.1's ratio to rounding.
   for (double ratio : {0.1, 0.3}) {
-    const int64_t b = budget_from_ratio(ratio, 4096);
+    const int64_t b = Budget::of_ratio(ratio).entries_for(4096);
     auto lay = buzz_choose_layout(4096, b, base);
     INFO("ratio=", ratio, " w=", lay.window, " T=", lay.threshold);
     CHECK(std::abs(static_cast<double>(lay.threshold) / lay.window / buzz_theorem_ratio(5) - 1) < 0.01);
   }
   for (double ratio : {0.02, 0.05, 0.1, 0.2, 0.3, 0.5}) {
-    auto lay = buzz_choose_layout(4096, budget_from_ratio(ratio, 4096), base);
+    auto lay = buzz_choose_layout(4096, Budget::of_ratio(ratio).entries_for(4096), base);
     MESSAGE("n=4096 ratio=", ratio, ": w=", lay.window, " T=", lay.threshold,
             " T/w=", static_cast<double>(lay.threshold) / lay.window, " (rule 4.333)");
   }
@@ -261,7 +261,7 @@ TEST_CASE("buzz: decoding token by token matches a naive list simulation (score 
 TEST_CASE("buzz: sinks and window are kept") {
   auto kv = make_kv("random", 1500, 32);
   for (double ratio : {0.05, 0.2, 0.6}) {
-    const int64_t b = budget_from_ratio(ratio, 1500);
+    const int64_t b = Budget::of_ratio(ratio).entries_for(1500);
     BuzzConfig base;
     base.window = -1;
     base.threshold = -1;

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "compress_test_util.h"
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
+#include "kvlab/attention/attention.h"
 #include "kvlab/compress/chelsea.h"
 #include "kvlab/compress/compressor.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 using namespace kvlab;
 using kvlab::test::budget_opt;
@@ -72,7 +72,7 @@ TEST_CASE("chelsea: kept entries equal the budget; degrees sum to n; weighted ke
     const int64_t n = cs.n;
     auto kv = make_kv("random", n, 8, 2, 2, 8);
     for (double ratio : {0.01, 0.1, 0.5, 0.8}) {
-      const int64_t b = budget_from_ratio(ratio, n);
+      const int64_t b = Budget::of_ratio(ratio).entries_for(n);
       INFO("chunk=", cs.chunk, " family=", cs.family, " n=", n, " ratio=", ratio, " budget=", b);
       auto c = comp->compress(kv, budget_opt(b));
       CHECK(c.keys.size(1) == b);
@@ -92,7 +92,7 @@ TEST_CASE("chelsea: kept entries equal the budget; degrees sum to n; weighted ke
 TEST_CASE("chelsea: halvings give n / 2^T entries") {
   auto kv = make_kv("random", 1000, 8);
   CompressOptions o;
-  o.halvings = 2;
+  o.budget = Budget::of_halvings(2);
   auto c = make_compressor("chelsea", {})->compress(kv, o);
   CHECK(c.keys.size(1) == 250);
 }
@@ -238,7 +238,7 @@ TEST_CASE("chelsea: clustered keys favour Chelsea over uniform at equal memory")
     const int n_samples = 2;
     for (int sd = 0; sd < n_samples; ++sd) {
       auto kv = make_kv("clustered", 1024, 64, 4, 2, 16, 100 + sd);
-      const int64_t b = budget_from_ratio(ratio, 1024);
+      const int64_t b = Budget::of_ratio(ratio).entries_for(1024);
       auto c = make_compressor("chelsea", {})->compress(kv, budget_opt(b));
       CHECK(c.mean_entries() == doctest::Approx(static_cast<double>(b)));
       err_c += rel_err(kv, c) / n_samples;

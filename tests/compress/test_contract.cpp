@@ -8,12 +8,13 @@
 #include <cmath>
 #include <set>
 
-#include "kvlab/check.h"
+#include "kvlab/attention/metrics.h"
 #include "kvlab/compress/compressor.h"
-#include "kvlab/metrics.h"
-#include "kvlab/replay.h"
-#include "kvlab/replay_plan.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
+#include "kvlab/replay/plan.h"
+#include "kvlab/replay/replay.h"
+#include "kvlab/replay/tables.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -42,7 +43,7 @@ ReplayUnit synthetic_unit(const std::string& kind, int64_t n, int64_t n_q, uint6
 }
 
 // Methods that reach a budget by halving land on n >> T, not on an arbitrary budget.
-bool halving(const std::string& m) { return m == "balancekv" || m == "balancekv-mr" || m == "uniform-halving"; }
+bool halving(const std::string& m) { return compressor_info(m).halving; }
 
 double region_entries(const CompressedKV& c) { return c.mean_memory_entries(); }
 
@@ -55,9 +56,7 @@ TEST_CASE("contract: every method reproduces exact attention at ratio 1") {
   for (const auto& name : compressor_names()) {
     INFO("method=" << name);
     auto c = make_compressor(name, nlohmann::json::object());
-    BudgetSetting b;
-    if (halving(name)) b.halvings = 0;
-    else b.ratio = 1.0;
+    Budget b = halving(name) ? Budget::of_halvings(0) : Budget::of_ratio(1.0);
     auto out = replay_attend(u, *c, b, 42, p);
     auto m = compare_to_exact(out.z, u.ref);
     CHECK(m.rel_err < 1e-5);
@@ -73,13 +72,11 @@ TEST_CASE("contract: memory lands on the budget (within one entry per head)") {
     auto c = make_compressor(name, nlohmann::json::object());
     for (int64_t budget : {64, 256, 512}) {
       INFO("method=" << name << " budget=" << budget);
-      BudgetSetting b;
+      Budget b = Budget::of_entries(budget);
       int64_t expected = budget;
       if (halving(name)) {
-        b.halvings = int(std::lround(std::log2(double(region) / double(budget))));
+        b = Budget::of_halvings(std::lround(std::log2(double(region) / double(budget))));
         expected = region >> b.halvings;
-      } else {
-        b.budget = budget;
       }
       auto out = replay_attend(u, *c, b, 7, p);
       CHECK(out.region_end - out.region_begin == region);
@@ -102,11 +99,19 @@ TEST_CASE("contract: same seed gives identical output") {
   for (const auto& name : compressor_names()) {
     INFO("method=" << name);
     auto c = make_compressor(name, nlohmann::json::object());
-    BudgetSetting b;
-    if (halving(name)) b.halvings = 2;
-    else b.ratio = 0.25;
+    Budget b = halving(name) ? Budget::of_halvings(2) : Budget::of_ratio(0.25);
     auto a = replay_attend(u, *c, b, 11, p), a2 = replay_attend(u, *c, b, 11, p);
     CHECK(a.z.equal(a2.z));
+  }
+}
+
+TEST_CASE("registry: every entry makes a compressor whose name() is the entry's name") {
+  CHECK(compressor_infos().size() == 17);
+  for (const auto& info : compressor_infos()) {
+    INFO("method=" << info.name);
+    CHECK(make_compressor(info.name, nlohmann::json::object())->name() == info.name);
+    CHECK(!info.description.empty());
+    CHECK(!info.cost.note.empty());
   }
 }
 
@@ -117,6 +122,8 @@ TEST_CASE("contract: unknown parameters are rejected by name; unknown methods su
   }
   CHECK_THROWS_WITH_AS(make_compressor("chelsa", {}), doctest::Contains("Did you mean: chelsea?"), Error);
   CHECK_THROWS_WITH_AS(budget_settings({1.5}, {}, {}), doctest::Contains("--ratio must be in (0, 1], got 1.5"), Error);
+  CHECK_THROWS_WITH_AS(budget_settings({}, {}, {31}), doctest::Contains("--T (halvings) must be in [0, 30], got 31"), Error);
+  CHECK_THROWS_WITH_AS(budget_settings({}, {0}, {}), doctest::Contains("--budget must be >= 1 entries, got 0"), Error);
   CHECK_THROWS_WITH_AS(budget_settings({0.1}, {10}, {}), doctest::Contains("exactly one of --ratio, --budget, --T"),
                        Error);
 }
@@ -129,8 +136,7 @@ TEST_CASE("replay rows: kept_fraction, mass_recall and per-head metrics agree wi
   MethodSpec m;
   m.name = "streaming_llm";
   m.compressor = make_compressor("streaming_llm", {});
-  BudgetSetting b;
-  b.budget = 50;
+  Budget b = Budget::of_entries(50);
   auto rows = replay_rows(u, "s0", m, b, 42, p);
   REQUIRE(rows.size() == 2);
   // Region [4, 237): 233 tokens -> 50 kept; exact: 4 + 20 -> kept_fraction = 74/257.
@@ -177,8 +183,7 @@ TEST_CASE("structured captures order the methods as the papers predict") {
     for (uint64_t s : {1, 2, 3}) {
       auto u = synthetic_unit(kind, 1024, 32, s);
       auto c = make_compressor(method, {});
-      BudgetSetting b;
-      b.ratio = ratio;
+      Budget b = Budget::of_ratio(ratio);
       sum += compare_to_exact(replay_attend(u, *c, b, s, p).z, u.ref).rel_err;
     }
     return sum / 3;

@@ -12,12 +12,12 @@
 #include <set>
 #include <vector>
 
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
+#include "kvlab/attention/attention.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/kcenter.h"
-#include "kvlab/compress/methods.h"
 #include "kvlab/compress/subgen.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/synthetic.h"
 
 using namespace kvlab;
 
@@ -260,7 +260,7 @@ TEST_CASE("SubGen estimator: exact denominator on duplicated keys, unbiased nume
   auto q = at::randn({2, 7, d}, at::kDouble);
   auto m = make_compressor("subgen", {{"t", 1}});
   CompressOptions opt;
-  opt.budget = 30;
+  opt.budget = Budget::of_entries(30);
   auto c = m->compress(kv, opt);
   CHECK(c.mean_memory_entries() == 30);
   auto lse = [&](const at::Tensor& k, const at::Tensor& b) {
@@ -300,16 +300,16 @@ TEST_CASE("SubGen: memory = budget, ratio 1 exact, seeds, params") {
   for (int64_t budget : {250, 100, 37, 2}) {
     INFO("budget=", budget);
     CompressOptions opt;
-    opt.budget = budget;
+    opt.budget = Budget::of_entries(budget);
     auto c = m->compress(kv, opt);
     CHECK(c.mean_memory_entries() == budget);
     CHECK(!c.kept_idx.defined());
   }
   CompressOptions full;
-  full.budget = budget_from_ratio(1.0, 500);
+  full.budget = Budget::of_ratio(1.0);
   CHECK(rel_err(t.q, m->compress(kv, full), kv) < 1e-5);
   CompressOptions o;
-  o.budget = 100;
+  o.budget = Budget::of_entries(100);
   o.seed = 1;
   auto a = m->compress(kv, o), b = m->compress(kv, o);
   CHECK(a.keys.equal(b.keys));
@@ -342,22 +342,22 @@ TEST_CASE("ClusterGen: merging identical tokens loses nothing") {
       INFO("recent=", ell, " extra centres=", extra);
       auto m = make_compressor("clustergen", {{"recent", ell}});
       CompressOptions opt;
-      opt.budget = ell + distinct + extra;
+      opt.budget = Budget::of_entries(ell + distinct + extra);
       auto c = m->compress(kv, opt);
-      CHECK(c.keys.size(1) == opt.budget);
+      CHECK(c.keys.size(1) == opt.budget.entries);
       // Extra centres beyond the distinct keys are duplicates with empty clusters (bias -inf).
-      CHECK(c.mean_entries() == opt.budget - extra);
+      CHECK(c.mean_entries() == opt.budget.entries - extra);
       CHECK(rel_err(q, c, kv) < 1e-12);
       if (ell > 0) {
         for (int64_t h = 0; h < 2; ++h)
-          for (int64_t j = 0; j < ell; ++j) CHECK(c.kept_idx[h][opt.budget - ell + j].item<int64_t>() == n - ell + j);
+          for (int64_t j = 0; j < ell; ++j) CHECK(c.kept_idx[h][opt.budget.entries - ell + j].item<int64_t>() == n - ell + j);
       }
     }
   }
   // Without the size weights the same cache is not exact (the weights are what makes it lossless).
   auto m0 = make_compressor("clustergen", {{"recent", 0}, {"kcenter_weights", "none"}});
   CompressOptions opt;
-  opt.budget = distinct;
+  opt.budget = Budget::of_entries(distinct);
   auto c0 = m0->compress(kv, opt);
   CHECK(at::allclose(c0.bias, at::zeros_like(c0.bias)));
   CHECK(rel_err(q, c0, kv) > 1e-3);
@@ -373,7 +373,7 @@ TEST_CASE("ClusterGen: budget, window, ratio 1, params") {
   for (int64_t budget : {150, 31, 1}) {
     INFO("budget=", budget);
     CompressOptions opt;
-    opt.budget = budget;
+    opt.budget = Budget::of_entries(budget);
     auto c = m->compress(kv, opt);
     CHECK(c.mean_entries() == budget);
     const int64_t ell = std::llround(0.5 * budget), k = budget - ell;
@@ -385,7 +385,7 @@ TEST_CASE("ClusterGen: budget, window, ratio 1, params") {
     }
   }
   CompressOptions full;
-  full.budget = budget_from_ratio(1.0, 301);
+  full.budget = Budget::of_ratio(1.0);
   CHECK(rel_err(t.q, m->compress(kv, full), kv) < 1e-5);
   CHECK_THROWS_WITH_AS(make_compressor("clustergen", {{"recent", -2}}), doctest::Contains("recent"), kvlab::Error);
   CHECK_THROWS_WITH_AS(make_compressor("clustergen", {{"recent_fraction", 2}}),
@@ -416,9 +416,9 @@ TEST_CASE("clustered keys: clustergen and SubGen's normaliser beat uniform at eq
   };
   const auto lz = log_z(keys, at::Tensor());
   for (double ratio : {0.05, 0.1, 0.25}) {
-    const int64_t budget = budget_from_ratio(ratio, n);
+    const int64_t budget = Budget::of_ratio(ratio).entries_for(n);
     CompressOptions opt;
-    opt.budget = budget;
+    opt.budget = Budget::of_entries(budget);
     double eu = 0, es = 0, zu = 0, zs = 0;
     const int seeds = 3;
     for (int s = 0; s < seeds; ++s) {

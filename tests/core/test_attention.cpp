@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kvlab/attention.h"
+#include "kvlab/attention/attention.h"
 #include "test_util.h"
 
 using namespace kvlab;

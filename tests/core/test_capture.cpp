@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kvlab/capture.h"
-#include "kvlab/check.h"
-#include "kvlab/synthetic.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/capture.h"
+#include "kvlab/io/synthetic.h"
 #include "test_util.h"
 
 using namespace kvlab;

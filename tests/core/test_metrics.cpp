@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "kvlab/attention.h"
-#include "kvlab/metrics.h"
+#include "kvlab/attention/attention.h"
+#include "kvlab/attention/metrics.h"
 #include "test_util.h"
 
 using namespace kvlab;

@@ -3,9 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kvlab/config.h"
-#include "kvlab/provenance.h"
-#include "kvlab/report.h"
+#include "kvlab/core/config.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/core/sha256.h"
 #include "test_util.h"
 
 using namespace kvlab;

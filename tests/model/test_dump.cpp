@@ -1,10 +1,11 @@
 // `kvlab dump` on stories260K: the capture reopens with CaptureReader, has the right shapes and
 // attributes, and its q/k/v equal the forward pass's tapped tensors. Also `kvlab generate
 // --prompt-ids 1` against reference_greedy.json, and flag errors.
-#include "kvlab/capture.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/model.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+#include "kvlab/io/capture.h"
+#include "kvlab/model/model.h"
 #include "test_util.h"
 
 #include <c10/core/InferenceMode.h>

@@ -8,11 +8,12 @@
 //     every position, q/k/v of layers 0 and 29 relative L2 error <= 1e-4.
 //   * tiny random qwen2 / llama (llama3 rope, bias, head_dim) / llama (linear rope) / mistral
 //     models == transformers (tests/fixtures/tiny_models, data_scripts/make_tiny_model_fixtures.py)
-#include "kvlab/attention.h"
-#include "kvlab/check.h"
-#include "kvlab/config.h"
-#include "kvlab/model.h"
-#include "kvlab/safetensors.h"
+#include "kvlab/attention/attention.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+#include "kvlab/io/safetensors.h"
+#include "kvlab/model/model.h"
 #include "test_util.h"
 
 #include <c10/core/InferenceMode.h>

@@ -8,10 +8,10 @@
 //  * stories260K's llama2.c tok512.bin reproduces the reference greedy prompt ids;
 //  * malformed tokenizer.json files give kvlab::Error naming the problem;
 //  * chat templates equal hand-written strings; LongBench / LongEval / XSUM / generic records.
-#include "kvlab/chat_template.h"
-#include "kvlab/check.h"
-#include "kvlab/datasets.h"
-#include "kvlab/tokenizer.h"
+#include "kvlab/core/check.h"
+#include "kvlab/eval/datasets.h"
+#include "kvlab/tokenizer/chat_template.h"
+#include "kvlab/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
@@ -105,7 +105,7 @@ std::string round_trip_corpus() {
     text += utf8_prefix(json::parse(line)["context"].get<std::string>(), 6000);
   // Code: kvlab's own sources (ones without special-token strings: with SentencePiece's legacy
   // prefix, "<s>x" decodes as "<s> x", as in transformers).
-  text += read_file(std::string(KVLAB_SOURCE_DIR) + "/lib/kvlab/bpe.cpp");
+  text += read_file(std::string(KVLAB_SOURCE_DIR) + "/lib/kvlab/tokenizer/bpe.cpp");
   text += "emoji 🦙🤗 👩‍👩‍👧‍👦 🇫🇷 👍🏽 1️⃣ ✨ and CJK ext 𠀀𪜀 and\ttabs  \r\n";
   return text;
 }

@@ -1,9 +1,9 @@
 // Weight loading: safetensors (checked against the independent llama2.c .bin of stories260K),
 // GGUF (checked against gguf-py's numpy dequantization, golden files from
 // data_scripts/make_gguf_fixtures.py), malformed and hostile files, and the q/k row permutation.
-#include "kvlab/check.h"
-#include "kvlab/gguf.h"
-#include "kvlab/safetensors.h"
+#include "kvlab/core/check.h"
+#include "kvlab/io/gguf.h"
+#include "kvlab/io/safetensors.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>

@@ -23,14 +23,14 @@
 // (The numerator and the denominator then disagree for ×1 tokens; that is the release's estimator.)
 //
 // Parameters:
-//   T                [2]     halvings when the call gives neither `halvings` nor a budget
+//   T                [2]     halvings when the call gives no budget
 //   block            [256]   b (LongBench runs use 128)
 //   temp             [0.1]   single-layer study; LongBench uses 1.0
 //   gamma            [4]     γ of the walk
 //   value_offset     [0.025] the release's constant added to ⟨ṽ_i,ṽ_j⟩
 //   release_weights  [false] see Estimator
 //
-// Budget. `opt.halvings` (≥ 0) is used as T. Given a budget instead, T is the smallest number of
+// Budget. A budget of T halvings is used as T. Given a budget instead, T is the smallest number of
 // halvings with ⌊n/2^T⌋ ≤ budget: the method never exceeds the budget and hits it exactly when the
 // budget is n/2^T (the protocol's --T); between powers of two it keeps up to half the budget less.
 // Halving stops when one token is left (⌊1/2⌋ = 0 would empty the head). T = 0 is the exact cache.
@@ -51,8 +51,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace balancekv {
@@ -192,9 +192,9 @@ class BalanceKV final : public Compressor {
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens();
     int T = default_T_;
-    if (opt.halvings >= 0) {
-      T = opt.halvings;
-    } else if (opt.budget >= 0) {
+    if (opt.budget.is_halvings()) {
+      T = opt.budget.halvings;
+    } else if (opt.budget.is_set()) {
       const int64_t budget = resolve_budget(opt, n);
       T = 0;
       while ((n >> T) > budget && T < 62) ++T;

@@ -18,8 +18,7 @@
 // — a numerator set and a separate denominator set, each entry with bias l·log 2.
 //
 // Parameters:
-//   T        [2]    levels of MergeAndReduce (compression 2^-T) when the call gives neither
-//                   `halvings` nor a budget
+//   T        [2]    levels of MergeAndReduce (compression 2^-T) when the call gives no budget
 //   t        [256]  batch size (the paper's t = O*(1/ε); 256 = the practical block size)
 //   delta    [0]    failure probability of each SoftmaxBalance call; 0 = 1/n (the paper's
 //                   1/poly(n)), n = tokens in the region
@@ -28,7 +27,7 @@
 //
 // Budget and memory. Memory = numerator + denominator entries (mean_memory_entries counts both),
 // about 2n/2^T plus the partly filled levels, so at equal T this method holds about twice the
-// entries of `balancekv`. `opt.halvings` (≥ 0) is T. Given a budget B instead: T is the smallest
+// entries of `balancekv`. A budget of T halvings is T. Given a budget B instead: T is the smallest
 // value whose worst-case memory (a dry run of the same stream with every SoftmaxBalance output at
 // its maximum ⌊m/2⌋) is ≤ B; if no T fits, t is halved and the search repeats (down to t = 32:
 // smaller batches make SoftmaxBalance's smaller side empty too often); if nothing fits (small
@@ -56,8 +55,8 @@
 #include <random>
 #include <vector>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {
@@ -273,9 +272,9 @@ class BalanceKVMR final : public Compressor {
     cfg.horizon = std::max<int64_t>(n, 2);
     const double delta = delta_ > 0 ? delta_ : 1.0 / static_cast<double>(cfg.horizon);
     cfg.c = 30.0 * std::log(static_cast<double>(cfg.horizon) / delta);
-    if (opt.halvings >= 0) {
-      cfg.T = opt.halvings;
-    } else if (opt.budget >= 0) {
+    if (opt.budget.is_halvings()) {
+      cfg.T = opt.budget.halvings;
+    } else if (opt.budget.is_set()) {
       const int64_t budget = resolve_budget(opt, n);
       if (budget >= n) return keep_all(kv);
       fit_budget(kc, vc, budget, &cfg);

@@ -73,8 +73,8 @@
 #include <limits>
 #include <tuple>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

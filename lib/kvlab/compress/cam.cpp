@@ -46,9 +46,9 @@
 
 #include <algorithm>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

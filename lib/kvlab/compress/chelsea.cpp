@@ -20,7 +20,7 @@
 // Budget. The budget B (entries per KV head) comes from resolve_budget; n1 and n2 count inside it.
 // Kept entries == B exactly for every head not listed in `full_heads`. When B < n1 + n2 + 1 the
 // protected ends shrink (n1' = min(n1, ⌊(B−1)/2⌋), n2' = min(n2, B − 1 − n1')) so that at least
-// one compressible entry remains. `opt.halvings` is honoured through resolve_budget (n/2^T).
+// one compressible entry remains. A budget of T halvings is honoured through resolve_budget (n/2^T).
 //
 // Parameters [defaults]: n_sink [16], n_recent [64], chunk [256] (integer >= 2 or "none"),
 //   family [llama2] selecting r_init/alpha/m presets (llama2 0.45/0.05/3, llama3 0.35/0.1/2,
@@ -52,8 +52,8 @@
 #include <set>
 #include <sstream>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

@@ -36,9 +36,9 @@
 #include <cmath>
 #include <vector>
 
-#include "kvlab/check.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/kcenter.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kvlab/check.h"
-#include "kvlab/config.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 
 namespace kvlab {
 
@@ -24,22 +24,7 @@ double CompressedKV::mean_memory_entries() const {
   return m;
 }
 
-int64_t budget_from_ratio(double ratio, int64_t n) {
-  KVLAB_CHECK(ratio > 0 && ratio <= 1, "--ratio must be in (0, 1], got {}", ratio);
-  return std::min<int64_t>(n, std::max<int64_t>(n > 0 ? 1 : 0, std::llround(ratio * n)));
-}
-
-int64_t budget_from_halvings(int halvings, int64_t n) {
-  KVLAB_CHECK(halvings >= 0 && halvings < 63, "--T (halvings) must be in [0, 62], got {}", halvings);
-  for (int t = 0; t < halvings; ++t) n /= 2;
-  return n;
-}
-
-int64_t resolve_budget(const CompressOptions& opt, int64_t n) {
-  int64_t b = opt.halvings >= 0 ? budget_from_halvings(opt.halvings, n) : opt.budget;
-  KVLAB_CHECK(b >= 0, "compress: neither a budget nor a number of halvings was given");
-  return std::min<int64_t>(n, std::max<int64_t>(n > 0 ? 1 : 0, b));
-}
+int64_t resolve_budget(const CompressOptions& opt, int64_t n) { return opt.budget.entries_for(n); }
 
 CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx) {
   // idx [Hkv, m] int64, -1 = padding

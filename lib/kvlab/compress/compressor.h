@@ -18,7 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "kvlab/attention.h"
+#include "kvlab/attention/attention.h"
+#include "kvlab/compress/budget.h"
 
 namespace kvlab {
 
@@ -57,12 +58,10 @@ struct CompressedKV {
   double mean_memory_entries() const;
 };
 
-// How much to keep. Exactly one of the two is meaningful for a call:
-//   budget   >= 0: entries per KV head allowed for the region
-//   halvings >= 0: halving methods (BalanceKV, uniform-halving, Chelsea) halve T times instead
+// How much to keep (budget.h: a ratio, an entry count or T halvings, resolved on the region by
+// Budget::entries_for) and the seed of any randomness.
 struct CompressOptions {
-  int64_t budget = -1;
-  int halvings = -1;
+  Budget budget;
   uint64_t seed = 0;
 };
 
@@ -76,12 +75,7 @@ class Compressor {
   virtual CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const = 0;
 };
 
-// Budget helpers shared by every method.
-// Entries to keep for a region of n tokens at `ratio` (validated: 0 < ratio <= 1).
-int64_t budget_from_ratio(double ratio, int64_t n);
-// n after T floor-halvings.
-int64_t budget_from_halvings(int halvings, int64_t n);
-// The budget a call asks for, resolving `halvings` if given; at least 1 when n >= 1, at most n.
+// The entry count a call asks for on a region of n tokens (opt.budget.entries_for(n)).
 int64_t resolve_budget(const CompressOptions& opt, int64_t n);
 
 // Building blocks for methods.
@@ -114,13 +108,32 @@ class Params {
   std::string method_;
 };
 
-// Registry (registry.cpp): an explicit table, one line per method.
+// Registry (registry.cpp): an explicit table, one entry per method with every fact about it.
+//
+// What a method's paper says its compression costs, as an exponent of n (the time of compressing
+// or streaming n tokens under the paper's own parameters held fixed); NaN = the source states none.
+struct CostClaim {
+  double exponent;
+  std::string note;    // short, for tables
+  std::string source;  // where it is stated (or how it is derived)
+};
+
 struct CompressorInfo {
   std::string name;
   std::string description;  // one line, for --list-methods
+  std::unique_ptr<Compressor> (*make)(const nlohmann::json& params);
+  // Reaches a budget by T halvings (keeps ⌊n/2^T⌋): compared at a T, not at an arbitrary budget.
+  bool halving = false;
+  // Compresses as tokens arrive during decoding, as its paper does; false = prefill-only (decoded
+  // tokens are appended exactly, as the papers and peer tools do).
+  bool streaming = false;
+  CostClaim cost;
 };
+
 std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohmann::json& params);
-std::vector<CompressorInfo> compressor_infos();
+// The entry of `name`; an unknown name is an error suggesting the closest.
+const CompressorInfo& compressor_info(const std::string& name);
+const std::vector<CompressorInfo>& compressor_infos();
 std::vector<std::string> compressor_names();
 
 }  // namespace kvlab

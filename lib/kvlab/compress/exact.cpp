@@ -1,6 +1,7 @@
 // exact — the full cache, no compression. The reference every method is measured against, and
 // the ratio-1 limit every method must reproduce.
-#include "kvlab/compress/methods.h"
+
+#include "kvlab/compress/compressor.h"
 
 namespace kvlab {
 namespace {

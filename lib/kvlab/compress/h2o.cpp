@@ -51,9 +51,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

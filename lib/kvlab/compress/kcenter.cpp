@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "kvlab/check.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {

@@ -13,7 +13,8 @@
 // the pure window).
 #include <ATen/ATen.h>
 
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+
 
 namespace kvlab {
 namespace {

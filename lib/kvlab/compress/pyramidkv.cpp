@@ -32,9 +32,9 @@
 
 #include <algorithm>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/snapkv.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

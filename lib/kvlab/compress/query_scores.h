@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kvlab/check.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab::detail {
 

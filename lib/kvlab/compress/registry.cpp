@@ -1,59 +1,131 @@
-// The method registry: an explicit table, one line per method (no self-registering statics:
-// a static library would drop their object files).
-#include <functional>
+// The method registry: an explicit table, one entry per method holding every fact about it (no
+// self-registering statics: a static library would drop their object files). --list-methods,
+// the benches and the tests read these entries; nothing outside compress/ keeps a list of methods.
+//
+// Adding a method: its file (class + factory), one entry here, one line in CMakeLists.txt.
+#include <limits>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
-#include "kvlab/config.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 
 namespace kvlab {
+
+// Factories, one per method file.
+std::unique_ptr<Compressor> make_exact(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_uniform(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_uniform_halving(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_streaming_llm(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_local(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_h2o(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_snapkv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_pyramidkv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_cam(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_buzz(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_buzz_interval(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_buzz_logn(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_chelsea(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_balancekv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_balancekv_mr(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_subgen(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_clustergen(const nlohmann::json& params);
+
 namespace {
 
-struct Entry {
-  const char* name;
-  const char* description;
-  std::function<std::unique_ptr<Compressor>(const nlohmann::json&)> make;
-};
+constexpr double kNotStated = std::numeric_limits<double>::quiet_NaN();
 
-const std::vector<Entry>& table() {
-  static const std::vector<Entry> t = {
-      {"exact", "full cache, no compression (the reference)", make_exact},
-      {"uniform", "uniformly random subset per KV head, bias log(1/ratio)", make_uniform},
-      {"uniform-halving", "T random halvings (BalanceKV's baseline), bias T log 2", make_uniform_halving},
-      {"streaming_llm", "n_sink attention sinks + the most recent tokens (StreamingLLM)", make_streaming_llm},
-      {"local", "the most recent tokens only (sliding window)", make_local},
-      {"h2o", "recent window + heavy hitters by accumulated attention (H2O)", make_h2o},
-      {"snapkv", "observation-window attention, max-pooled, top-k + window (SnapKV)", make_snapkv},
-      {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)", make_pyramidkv},
-      {"cam", "StreamingLLM eviction, evicted values merged into the next tokens (CaM)", make_cam},
-      {"buzz", "sink + interval-sampled old + local-max hives of new tokens + window (BUZZ)", make_buzz},
-      {"buzz-interval", "BUZZ with interval sampling for new tokens too (Fig. 8b ablation)", make_buzz_interval},
-      {"buzz-logn", "BUZZ with logits scaled by log_512(n) (BUZZ §3.5)", make_buzz_logn},
-      {"chelsea", "chunked soft matching: merge similar keys into degree-weighted centroids (Chelsea)", make_chelsea},
-      {"balancekv", "T discrepancy halvings by a self-balancing walk, bias log w (BalanceKV, practical)", make_balancekv},
-      {"balancekv-mr", "BalanceKV's streaming MergeAndReduce + value-norm buckets, num/den sets (Alg. 1-3)", make_balancekv_mr},
-      {"subgen", "online key clusters + l2 value samples, separate num/den sets (SubGen Alg. 1)", make_subgen},
-      {"clustergen", "recent window + greedy k-center centres, bias log(cluster size) (ClusterGen)", make_clustergen},
+// clang-format off
+const std::vector<CompressorInfo>& table() {
+  static const std::vector<CompressorInfo> t = {
+      {"exact", "full cache, no compression (the reference)",
+       make_exact, /*halving=*/false, /*streaming=*/false,
+       {kNotStated, "no work (keep_all)",
+        "not stated: the identity"}},
+      {"uniform", "uniformly random subset per KV head, bias log(1/ratio)",
+       make_uniform, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: random subset O(n)",
+        "known cost: a random permutation / subset of n tokens, O(n) (METHODS.md §3)"}},
+      {"uniform-halving", "T random halvings (BalanceKV's baseline), bias T log 2",
+       make_uniform_halving, /*halving=*/true, /*streaming=*/false,
+       {1.0, "known: T random halvings O(n)",
+        "known cost: T rounds of random signs over the survivors, O(n) (BalanceKV §4.1's baseline)"}},
+      {"streaming_llm", "n_sink attention sinks + the most recent tokens (StreamingLLM)",
+       make_streaming_llm, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: gather sinks+window O(n)",
+        "known cost: a gather of n_sink + window tokens, O(budget) = O(n) at a fixed ratio (StreamingLLM, Xiao et al.)"}},
+      {"local", "the most recent tokens only (sliding window)",
+       make_local, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: gather window O(n)",
+        "known cost: a gather of the recent window, O(budget) = O(n) at a fixed ratio"}},
+      {"h2o", "recent window + heavy hitters by accumulated attention (H2O)",
+       make_h2o, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: O(n_obs n d) scores + top-k",
+        "known cost: accumulated attention of n_obs queries over n keys O(n_obs·n·d), then top-k O(n log n) (H2O, Zhang et al.)"}},
+      {"snapkv", "observation-window attention, max-pooled, top-k + window (SnapKV)",
+       make_snapkv, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: O(w n d) window scores + top-k",
+        "known cost: the w-query observation window over n keys O(w·n·d), 1-D pooling O(n), top-k (SnapKV, Li et al.)"}},
+      {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
+       make_pyramidkv, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: as SnapKV, O(w n d)",
+        "known cost: SnapKV's selection with a per-layer budget, O(w·n·d) (PyramidKV, Cai et al.)"}},
+      {"cam", "StreamingLLM eviction, evicted values merged into the next tokens (CaM)",
+       make_cam, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: eviction + merges O(n m d)",
+        "known cost: StreamingLLM eviction plus merging each evicted value into m kept ones, O(n·m·d) for fixed m (CaM, Zhang et al.)"}},
+      {"buzz", "sink + interval-sampled old + local-max hives of new tokens + window (BUZZ)",
+       make_buzz, /*halving=*/false, /*streaming=*/true,
+       {1.0, "BUZZ §3.3: O(n) (abstract: 'log n')",
+        "BUZZ §3.3 'Time Complexity': O(1) per chunk for chunking and each local heavy hitter, overall O(n), attention scores excluded; the abstract and §5 speak of 'log n time complexity', not derived"}},
+      {"buzz-interval", "BUZZ with interval sampling for new tokens too (Fig. 8b ablation)",
+       make_buzz_interval, /*halving=*/false, /*streaming=*/true,
+       {1.0, "BUZZ §3.3: O(n)",
+        "BUZZ §3.3 (as buzz); interval sampling is O(1) per kept token"}},
+      {"buzz-logn", "BUZZ with logits scaled by log_512(n) (BUZZ §3.5)",
+       make_buzz_logn, /*halving=*/false, /*streaming=*/true,
+       {1.0, "BUZZ §3.3: O(n)",
+        "BUZZ §3.3 (as buzz); §3.5's log n only rescales logits"}},
+      {"chelsea", "chunked soft matching: merge similar keys into degree-weighted centroids (Chelsea)",
+       make_chelsea, /*halving=*/false, /*streaming=*/true,
+       {1.0, "Chelsea §5.2 Tab.1: n c d / 4",
+        "Chelsea §5.2 Table 1: chunked soft matching's distance matrix costs n·c·d/4 for chunk size c (vs n²d/4 unchunked); c fixed -> O(n)"}},
+      {"balancekv", "T discrepancy halvings by a self-balancing walk, bias log w (BalanceKV, practical)",
+       make_balancekv, /*halving=*/true, /*streaming=*/false,
+       {1.0, "BalanceKV §4+Thm 3.2: O(n b d)/halving",
+        "BalanceKV §4.1 (SoftmaxBalance run in parallel on blocks of b) with Theorem 3.2 (SoftmaxBalance on m points: O((d+s)m²)): O(n·b·(d+s)) per halving, geometric over T; derived, the paper states no total"}},
+      {"balancekv-mr", "BalanceKV's streaming MergeAndReduce + value-norm buckets, num/den sets (Alg. 1-3)",
+       make_balancekv_mr, /*halving=*/true, /*streaming=*/true,
+       {1.0, "BalanceKV Thm 3.1/3.3: O(n t d)",
+        "BalanceKV §3.2 proof of Theorem 3.3: O(n/t) SoftmaxBalance calls on batches of <= t points, each O(d·t²), i.e. O*(1/ε²) per stream step (Theorem 3.1) and O(n·t·d) for n tokens with t fixed"}},
+      {"subgen", "online key clusters + l2 value samples, separate num/den sets (SubGen Alg. 1)",
+       make_subgen, /*halving=*/false, /*streaming=*/true,
+       {1.0, "SubGen Thm 1: O(d(mt+s))/token; =n² if mt+s∝n",
+        "SubGen §2.4 Theorem 1: runtime O(d·(m·t + s)) per stream step, so O(n·d·(m·t+s)) for n tokens, sublinear per step when m = n^(1-Ω(1)) (Corollary 1); kvlab sets m·t + s = budget ∝ n at a fixed ratio (and bisects δ), for which the same bound gives n²"}},
+      {"clustergen", "recent window + greedy k-center centres, bias log(cluster size) (ClusterGen)",
+       make_clustergen, /*halving=*/false, /*streaming=*/false,
+       {kNotStated, "§4 k-center: not stated (Gonzalez: n k d)",
+        "ClusterGen §4: greedy k-center 'applied once to the entire KV cache', cost not stated (Gonzalez: O(n·k·d), k ∝ n at a fixed ratio -> n²); Theorem 2.4's O(d(mt+s)) per step is for Algorithm 1 (kvlab's subgen)"}},
   };
   return t;
 }
+// clang-format on
 
 }  // namespace
 
 std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohmann::json& params) {
+  return compressor_info(name).make(params);
+}
+
+const CompressorInfo& compressor_info(const std::string& name) {
   for (const auto& e : table())
-    if (name == e.name) return e.make(params);
+    if (name == e.name) return e;
   auto names = compressor_names();
   std::string hint = closest_match(name, names);
   KVLAB_FAIL("Unknown compressor '{}'.{} Available: {}", name,
              hint.empty() ? "" : fmt::format(" Did you mean: {}?", hint), fmt::join(names, ", "));
 }
 
-std::vector<CompressorInfo> compressor_infos() {
-  std::vector<CompressorInfo> out;
-  for (const auto& e : table()) out.push_back({e.name, e.description});
-  return out;
-}
+const std::vector<CompressorInfo>& compressor_infos() { return table(); }
 
 std::vector<std::string> compressor_names() {
   std::vector<std::string> out;

@@ -29,9 +29,8 @@
 
 #include <ATen/ATen.h>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 

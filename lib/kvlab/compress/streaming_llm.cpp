@@ -18,8 +18,8 @@
 //   - The selection is the same for every KV head.
 #include <ATen/ATen.h>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {

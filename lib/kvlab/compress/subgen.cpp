@@ -47,8 +47,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace subgen {

@@ -22,7 +22,7 @@
 //   uniform-halving:  selection [signs] signs | permutation
 //
 // Deviations:
-//   - uniform-halving: when the call gives a budget instead of `halvings`, T is the smallest
+//   - uniform-halving: when the call gives a ratio or an entry count instead of T halvings, T is the smallest
 //     number of halvings with ⌊n/2^T⌋ <= budget (never over the budget; up to half of it under).
 //   - uniform-halving stops early when one token is left (⌊1/2⌋ = 0 would empty the head); its bias
 //     is then log 2 times the rounds actually done.
@@ -41,9 +41,9 @@
 #include <random>
 #include <vector>
 
-#include "kvlab/check.h"
-#include "kvlab/compress/methods.h"
+#include "kvlab/compress/compressor.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {
@@ -134,7 +134,7 @@ class UniformHalving final : public Compressor {
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
-    int halvings = opt.halvings;
+    int halvings = opt.budget.is_halvings() ? opt.budget.halvings : -1;
     if (halvings < 0) {
       const int64_t b = resolve_budget(opt, n);
       halvings = 0;

@@ -1,0 +1,39 @@
+// result.json: a google/benchmark-style `context` block plus self-describing `rows`, shared by
+// every subcommand. Written atomically (temp file + rename).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvlab {
+
+// Writes `j` to `path` via "<path>.partial" + rename, so a reader never sees half a file.
+void write_json_atomic(const std::string& path, const nlohmann::json& j);
+void write_text_atomic(const std::string& path, const std::string& text);
+
+// A run directory: results/<experiment>/<UTC yyyymmdd-HHMMSS>_<sha7>[-dirty]/ holding
+// config.json at creation and result.json at the end.
+class RunDir {
+ public:
+  // base: e.g. "results"; an explicit `--out` dir is used as is when `exact` is true.
+  RunDir(const std::string& base, const std::string& experiment, const nlohmann::json& config,
+         bool exact = false);
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  // Writes result.json = {"context": ..., "rows": rows, ...extra}.
+  void write_result(const nlohmann::json& context, const nlohmann::json& rows,
+                    const nlohmann::json& extra = nlohmann::json::object()) const;
+
+ private:
+  std::string path_;
+};
+
+// Renders rows as an aligned text table over the given columns (numbers with `precision`).
+std::string render_table(const nlohmann::json& rows, const std::vector<std::string>& columns,
+                         int precision = 4);
+// CSV of the given columns.
+std::string render_csv(const nlohmann::json& rows, const std::vector<std::string>& columns);
+
+}  // namespace kvlab

@@ -1,0 +1,110 @@
+// Llama-family forward pass and greedy generation (the exact KV cache is attention/exact_cache).
+#include "kvlab/model/model.h"
+
+#include "kvlab/core/check.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <limits>
+
+namespace kvlab {
+
+namespace {
+
+bool is_reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// HF LlamaRMSNorm: normalise in float32 (or wider), then cast back and scale by the weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  // x [T, hidden], w [hidden]
+  at::Tensor xf = is_reduced(x.scalar_type()) ? x.to(at::kFloat) : x;
+  at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);  // [T, 1]
+  at::Tensor y = xf * at::rsqrt(var + eps);
+  return w * y.to(x.scalar_type());
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
+                   AttentionBackend& attn, const ForwardOptions& opt) {
+  c10::InferenceMode guard;
+  const ModelConfig& cfg = model.config;
+  KVLAB_CHECK(tokens.dim() == 1 && tokens.numel() > 0, "forward: tokens must be a non-empty 1-D "
+              "tensor, found shape {}", tokens.sizes().vec());
+  const int64_t T = tokens.numel();
+  const int64_t Hq = cfg.n_q_heads, Hkv = cfg.n_kv_heads, d = cfg.head_dim;
+  at::Tensor ids = tokens.to(model.device, at::kLong);  // [T]
+  {
+    const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    KVLAB_CHECK(lo >= 0 && hi < cfg.vocab_size, "token ids must be in [0, {}), found [{}, {}]",
+                cfg.vocab_size, lo, hi);
+  }
+  auto [cos, sin] = rope_cos_sin(model.inv_freq, pos0, T, model.dtype);  // [T, d] each
+  at::Tensor x = at::embedding(model.weights.tok_embd, ids);             // [T, hidden]
+
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& w = model.weights.layers[l];
+    at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [T, hidden]
+    at::Tensor q = linear(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);   // [Hq, T, d]
+    at::Tensor k = linear(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
+    at::Tensor v = linear(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
+    q = apply_rope(q, cos, sin);  // [Hq, T, d] contiguous
+    k = apply_rope(k, cos, sin);  // [Hkv, T, d] contiguous
+    v = v.contiguous();
+    const int layer = static_cast<int>(l);
+    if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, q, k, v);
+    at::Tensor a = attn.attend(layer, q, k, v, pos0);              // [Hq, T, d]
+    a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
+    x = x + linear(a, w.wo, w.bo);                                 // [T, hidden]
+    at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]
+    at::Tensor g = at::silu(at::linear(h2, w.w_gate)) * at::linear(h2, w.w_up);  // [T, inter]
+    x = x + at::linear(g, w.w_down);                               // [T, hidden]
+  }
+  if (!opt.logits) return at::Tensor();
+  if (!opt.all_logits) x = x.narrow(0, T - 1, 1);                  // [1, hidden]
+  x = rms_norm(x, model.weights.out_norm, cfg.rms_norm_eps);
+  at::Tensor logits = at::linear(x, model.weights.lm_head);         // [T or 1, vocab]
+  return model.dtype == at::kDouble ? logits : logits.to(at::kFloat);
+}
+
+std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64_t>& prompt,
+                                     AttentionBackend& attn, const GenerateOptions& opt) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(!prompt.empty(), "generate: the prompt has no tokens (give --prompt or --prompt-ids)");
+  attn.reset();
+  std::vector<int64_t> out;
+  at::Tensor tokens = at::tensor(prompt, at::kLong);  // [T]
+  int64_t pos = 0;
+  for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
+    at::Tensor logits = forward(model, tokens, pos, attn).select(0, 0);  // [vocab]
+    pos += tokens.numel();
+    if (opt.on_logits) opt.on_logits(step, logits);
+    const int64_t next = logits.argmax().item<int64_t>();
+    out.push_back(next);
+    if (opt.on_token) opt.on_token(next);
+    const auto& eos = model.config.eos_token_ids;
+    if (opt.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    tokens = at::tensor(std::vector<int64_t>{next}, at::kLong);  // [1]
+  }
+  return out;
+}
+
+int64_t n_parameters(const Model& model) {
+  const ModelWeights& w = model.weights;
+  int64_t n = w.tok_embd.numel() + w.out_norm.numel();
+  if (!w.lm_head.is_same(w.tok_embd)) n += w.lm_head.numel();
+  for (const auto& l : w.layers)
+    for (const at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
+                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm})
+      if (t->defined()) n += t->numel();
+  return n;
+}
+
+}  // namespace kvlab

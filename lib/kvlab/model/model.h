@@ -1,0 +1,140 @@
+// The Llama-family forward pass (llama, mistral, qwen2, SmolLM2) in ATen, batch size 1.
+//
+//   x = embed(tokens)                                   [T, hidden]
+//   per layer:  h = rms_norm(x) ; q,k,v = h W^T (+ b)   q [n_q_heads, T, head_dim], k/v [n_kv_heads, T, head_dim]
+//               q,k = rope(q,k)  (HF rotate-half layout; rope_theta; linear / llama3 scaling)
+//               tap->on_qkv(layer, q, k, v)            (post-RoPE; only the T new positions)
+//               a = attn.attend(layer, q, k, v, pos0)  [n_q_heads, T, head_dim]  (GQA, causal)
+//               x = x + a Wo^T ;  x = x + W_down (silu(W_gate h') * W_up h'),  h' = rms_norm(x)
+//   logits = rms_norm(x) W_lm^T                         [T, vocab]  (W_lm = W_embed if tied)
+//
+// Numerics follow transformers' LlamaForCausalLM: RMSNorm in float32, RoPE cos/sin computed in
+// float32 (inv_freq = 1 / theta^(2i/d)), softmax in float32 for half dtypes.
+// Everything runs under c10::InferenceMode on the model's device.
+#pragma once
+
+#include "kvlab/attention/backend.h"
+#include "kvlab/core/device.h"
+#include "kvlab/model/model_config.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvlab {
+
+// One decoder layer. Linear weights are [out_features, in_features] as in HF; biases undefined
+// when the architecture has none.
+struct LayerWeights {
+  at::Tensor wq;         // [n_q_heads * head_dim, hidden]
+  at::Tensor wk, wv;     // [n_kv_heads * head_dim, hidden]
+  at::Tensor wo;         // [hidden, n_q_heads * head_dim]
+  at::Tensor bq;         // [n_q_heads * head_dim] or undefined
+  at::Tensor bk, bv;     // [n_kv_heads * head_dim] or undefined
+  at::Tensor bo;         // [hidden] or undefined
+  at::Tensor w_gate;     // [intermediate, hidden]
+  at::Tensor w_up;       // [intermediate, hidden]
+  at::Tensor w_down;     // [hidden, intermediate]
+  at::Tensor attn_norm;  // [hidden]
+  at::Tensor ffn_norm;   // [hidden]
+};
+
+struct ModelWeights {
+  at::Tensor tok_embd;               // [vocab, hidden]
+  std::vector<LayerWeights> layers;  // n_layers
+  at::Tensor out_norm;               // [hidden]
+  at::Tensor lm_head;                // [vocab, hidden]; the same tensor as tok_embd when tied
+  at::Tensor rope_freqs;             // [head_dim / 2] GGUF llama3 frequency divisors, or undefined
+};
+
+// How --model was resolved.
+struct ModelSource {
+  enum class Kind { hf_dir, gguf };
+  Kind kind = Kind::hf_dir;
+  std::string spec;            // what the user typed ("smollm2-135m", a path)
+  std::string path;            // the HF directory or the .gguf file
+  std::string tokenizer_path;  // the directory / file the tokenizer is loaded from
+};
+
+// A HF directory (config.json + safetensors), a .gguf file, or a name:
+//   smollm2-135m -> ${KVLAB_MODELS:-<repo>/models}/smollm2-135m/*.gguf
+//   stories260k  -> ${KVLAB_SHARED:-<repo>/../shared}/models/stories260K
+// `flag` names the option in errors ("--model").
+ModelSource resolve_model(const std::string& spec, const std::string& flag = "--model");
+
+// "fp32"|"float32"|"fp16"|"float16"|"bf16"|"bfloat16"|"fp64"|"float64" -> dtype.
+at::ScalarType parse_compute_dtype(const std::string& name, const std::string& flag = "--dtype");
+
+struct ModelLoadOptions {
+  at::ScalarType dtype = at::kFloat;  // compute dtype; weights are converted on load
+  at::Device device = at::kCPU;
+};
+
+struct Model {
+  std::string id;                // resolved spec, recorded in captures
+  ModelSource source;
+  ModelConfig config;
+  ModelWeights weights;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  at::Tensor inv_freq;           // [head_dim / 2] float32 on device, scaling applied
+};
+
+Model load_model(const std::string& spec, const ModelLoadOptions& opt = {});
+// The pieces load_model uses, for tests and tools.
+Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt);    // weights_loader.cpp
+Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt);  // weights_loader.cpp
+
+// RoPE (rope.cpp).
+// inv_freq [head_dim / 2] float32, with rope_scaling applied and divided by `freq_factors`
+// ([head_dim / 2], GGUF rope_freqs) when defined.
+at::Tensor rope_inv_freq(const ModelConfig& cfg, const at::Tensor& freq_factors = {});
+// cos, sin [T, head_dim] for positions pos0 .. pos0+T-1, float32 (float64 when dtype is double),
+// then converted to `dtype`.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t pos0, int64_t T,
+                                               at::ScalarType dtype);
+// x [H, T, head_dim] -> x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Receives post-RoPE q/k/v of the positions just computed, layer by layer, as they are produced.
+struct QkvTap {
+  virtual ~QkvTap() = default;
+  virtual bool wants(int layer) const { return true; }
+  virtual void on_qkv(int layer, const at::Tensor& q,   // [n_q_heads,  T, head_dim] post-RoPE
+                      const at::Tensor& k,              // [n_kv_heads, T, head_dim] post-RoPE
+                      const at::Tensor& v) = 0;         // [n_kv_heads, T, head_dim]
+};
+
+struct ForwardOptions {
+  QkvTap* tap = nullptr;
+  bool all_logits = false;  // false: logits of the last position only
+  bool logits = true;       // false: skip the final norm and lm_head (dump needs only the taps)
+};
+
+// tokens int64 [T] at positions pos0 .. pos0+T-1 (the backend must hold exactly pos0 earlier
+// positions). Returns logits [T or 1, vocab] in float32 (float64 when the model is double),
+// or an undefined tensor when opt.logits is false.
+at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
+                   AttentionBackend& attn, const ForwardOptions& opt = {});
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  bool stop_at_eos = true;
+  // Called after each forward with the logits [vocab] that chose the next token.
+  std::function<void(int64_t step, const at::Tensor& logits)> on_logits;
+  // Called with each new token id (for streaming output).
+  std::function<void(int64_t id)> on_token;
+};
+
+// Greedy decoding: one prefill over `prompt`, then one-token decode steps with the cache.
+// Returns only the new ids.
+std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64_t>& prompt,
+                                     AttentionBackend& attn, const GenerateOptions& opt = {});
+
+// Number of parameters (for logs).
+int64_t n_parameters(const Model& model);
+
+}  // namespace kvlab

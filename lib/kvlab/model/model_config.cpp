@@ -1,0 +1,242 @@
+#include "kvlab/model/model_config.h"
+
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+
+#include <cmath>
+
+namespace kvlab {
+
+namespace {
+
+using nlohmann::json;
+
+// Typed access to an HF config key; errors name the file and the key.
+template <class T>
+T get_or(const json& j, const std::string& key, T fallback, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    KVLAB_FAIL("{}: key '{}' has the wrong type (found {})", source, key, it->dump());
+  }
+}
+
+template <class T>
+T get_required(const json& j, const std::string& key, const std::string& source) {
+  auto it = j.find(key);
+  KVLAB_CHECK(it != j.end() && !it->is_null(), "{}: required key '{}' is missing", source, key);
+  return get_or<T>(j, key, T{}, source);
+}
+
+std::vector<int64_t> id_list(const json& j, const std::string& key, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (it->is_array()) {
+    std::vector<int64_t> out;
+    for (const auto& e : *it) {
+      KVLAB_CHECK(e.is_number_integer(), "{}: '{}' must hold integers, found {}", source, key,
+                  it->dump());
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+  KVLAB_CHECK(it->is_number_integer(), "{}: '{}' must be an integer or a list, found {}", source,
+              key, it->dump());
+  return {it->get<int64_t>()};
+}
+
+RopeScaling rope_scaling_from_hf(const json& rs, const std::string& source) {
+  RopeScaling out;
+  if (rs.is_null()) return out;
+  KVLAB_CHECK(rs.is_object(), "{}: 'rope_scaling' must be null or an object, found {}", source,
+              rs.dump());
+  std::string kind = get_or<std::string>(rs, "rope_type", "", source);
+  if (kind.empty()) kind = get_or<std::string>(rs, "type", "default", source);
+  if (kind == "default") return out;
+  if (kind == "linear") {
+    out.kind = "linear";
+    out.factor = get_required<double>(rs, "factor", source + " rope_scaling");
+  } else if (kind == "llama3") {
+    out.kind = "llama3";
+    const std::string src = source + " rope_scaling";
+    out.factor = get_required<double>(rs, "factor", src);
+    out.low_freq_factor = get_required<double>(rs, "low_freq_factor", src);
+    out.high_freq_factor = get_required<double>(rs, "high_freq_factor", src);
+    out.original_max_position_embeddings =
+        get_required<int64_t>(rs, "original_max_position_embeddings", src);
+    KVLAB_CHECK(out.high_freq_factor != out.low_freq_factor,
+                "{}: llama3 rope_scaling needs high_freq_factor != low_freq_factor (both {})",
+                source, out.low_freq_factor);
+  } else {
+    KVLAB_FAIL("{}: rope_scaling type '{}' is not supported (supported: null, \"linear\", "
+               "\"llama3\")",
+               source, kind);
+  }
+  KVLAB_CHECK(out.factor > 0, "{}: rope_scaling.factor must be > 0, found {}", source, out.factor);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json RopeScaling::to_json() const {
+  if (kind == "none") return nullptr;
+  json j = {{"rope_type", kind}, {"factor", factor}};
+  if (kind == "llama3") {
+    j["low_freq_factor"] = low_freq_factor;
+    j["high_freq_factor"] = high_freq_factor;
+    j["original_max_position_embeddings"] = original_max_position_embeddings;
+  }
+  return j;
+}
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = {"llama", "mistral", "qwen2"};
+  return names;
+}
+
+void ModelConfig::validate(const std::string& source) const {
+  KVLAB_CHECK(hidden_size > 0 && n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0 && head_dim > 0 &&
+                  intermediate_size > 0 && vocab_size > 0,
+              "{}: hyperparameters must be positive, found hidden_size={} n_layers={} "
+              "n_q_heads={} n_kv_heads={} head_dim={} intermediate_size={} vocab_size={}",
+              source, hidden_size, n_layers, n_q_heads, n_kv_heads, head_dim, intermediate_size,
+              vocab_size);
+  KVLAB_CHECK(n_q_heads % n_kv_heads == 0,
+              "{}: n_q_heads={} must be a multiple of n_kv_heads={}", source, n_q_heads,
+              n_kv_heads);
+  KVLAB_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, found {}", source, head_dim);
+  KVLAB_CHECK(rms_norm_eps > 0 && rope_theta > 0,
+              "{}: rms_norm_eps and rope_theta must be > 0, found {} and {}", source, rms_norm_eps,
+              rope_theta);
+}
+
+nlohmann::json ModelConfig::to_json() const {
+  return json{{"architecture", architecture},
+              {"hidden_size", hidden_size},
+              {"n_layers", n_layers},
+              {"n_q_heads", n_q_heads},
+              {"n_kv_heads", n_kv_heads},
+              {"head_dim", head_dim},
+              {"intermediate_size", intermediate_size},
+              {"vocab_size", vocab_size},
+              {"max_position_embeddings", max_position_embeddings},
+              {"rms_norm_eps", rms_norm_eps},
+              {"rope_theta", rope_theta},
+              {"rope_scaling", rope_scaling.to_json()},
+              {"tie_word_embeddings", tie_word_embeddings},
+              {"qkv_bias", qkv_bias},
+              {"o_bias", o_bias},
+              {"sliding_window", sliding_window},
+              {"bos_token_id", bos_token_id},
+              {"eos_token_ids", eos_token_ids}};
+}
+
+ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& source) {
+  KVLAB_CHECK(cfg.is_object(), "{}: expected a JSON object", source);
+  ModelConfig c;
+  std::string type = get_or<std::string>(cfg, "model_type", "", source);
+  if (type.empty() && cfg.contains("architectures") && cfg["architectures"].is_array() &&
+      !cfg["architectures"].empty()) {
+    const std::string a = cfg["architectures"][0].get<std::string>();
+    if (a == "LlamaForCausalLM") type = "llama";
+    if (a == "MistralForCausalLM") type = "mistral";
+    if (a == "Qwen2ForCausalLM") type = "qwen2";
+  }
+  bool known = false;
+  for (const auto& a : supported_architectures()) known = known || a == type;
+  KVLAB_CHECK(known, "{}: model_type '{}' is not supported (supported: {})", source, type,
+              fmt::join(supported_architectures(), ", "));
+  c.architecture = type;
+
+  const std::string act = get_or<std::string>(cfg, "hidden_act", "silu", source);
+  KVLAB_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (expected \"silu\")", source,
+              act);
+  c.hidden_size = get_required<int64_t>(cfg, "hidden_size", source);
+  c.n_layers = get_required<int64_t>(cfg, "num_hidden_layers", source);
+  c.n_q_heads = get_required<int64_t>(cfg, "num_attention_heads", source);
+  c.n_kv_heads = get_or<int64_t>(cfg, "num_key_value_heads", c.n_q_heads, source);
+  c.head_dim = get_or<int64_t>(cfg, "head_dim", 0, source);
+  if (c.head_dim == 0 && c.n_q_heads > 0) c.head_dim = c.hidden_size / c.n_q_heads;
+  c.intermediate_size = get_required<int64_t>(cfg, "intermediate_size", source);
+  c.vocab_size = get_required<int64_t>(cfg, "vocab_size", source);
+  c.max_position_embeddings = get_or<int64_t>(cfg, "max_position_embeddings", 0, source);
+  c.rms_norm_eps = get_or<double>(cfg, "rms_norm_eps", 1e-6, source);
+  // transformers >= 5 may nest rope settings under "rope_parameters".
+  json rope_params = cfg.contains("rope_parameters") ? cfg["rope_parameters"] : json(nullptr);
+  c.rope_theta = get_or<double>(cfg, "rope_theta", 10000.0, source);
+  if (rope_params.is_object() && rope_params.contains("rope_theta"))
+    c.rope_theta = get_or<double>(rope_params, "rope_theta", c.rope_theta, source);
+  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
+    c.rope_scaling = rope_scaling_from_hf(cfg["rope_scaling"], source);
+  else if (rope_params.is_object())
+    c.rope_scaling = rope_scaling_from_hf(rope_params, source);
+  c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", false, source);
+  if (type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
+  } else if (type == "llama") {
+    c.qkv_bias = c.o_bias = get_or<bool>(cfg, "attention_bias", false, source);
+  }
+  KVLAB_CHECK(!get_or<bool>(cfg, "mlp_bias", false, source),
+              "{}: mlp_bias=true is not supported", source);
+  if (type == "mistral") c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
+  if (type == "qwen2" && get_or<bool>(cfg, "use_sliding_window", false, source))
+    c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
+  auto bos = id_list(cfg, "bos_token_id", source);
+  c.bos_token_id = bos.empty() ? -1 : bos[0];
+  c.eos_token_ids = id_list(cfg, "eos_token_id", source);
+  c.validate(source);
+  return c;
+}
+
+ModelConfig load_hf_config(const std::string& config_json_path) {
+  return model_config_from_hf(read_json_file(config_json_path), config_json_path);
+}
+
+ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& source,
+                                   int64_t n_vocab_fallback) {
+  KVLAB_CHECK(md.is_object(), "{}: GGUF metadata must be an object", source);
+  const std::string arch = get_required<std::string>(md, "general.architecture", source);
+  KVLAB_CHECK(arch == "llama" || arch == "qwen2",
+              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2; "
+              "mistral GGUFs use 'llama')",
+              source, arch);
+  auto key = [&](const std::string& k) { return arch + "." + k; };
+  ModelConfig c;
+  c.architecture = arch;
+  c.hidden_size = get_required<int64_t>(md, key("embedding_length"), source);
+  c.n_layers = get_required<int64_t>(md, key("block_count"), source);
+  c.n_q_heads = get_required<int64_t>(md, key("attention.head_count"), source);
+  c.n_kv_heads = get_or<int64_t>(md, key("attention.head_count_kv"), c.n_q_heads, source);
+  c.head_dim = get_or<int64_t>(md, key("attention.key_length"), 0, source);
+  if (c.head_dim == 0 && c.n_q_heads > 0) c.head_dim = c.hidden_size / c.n_q_heads;
+  const int64_t rope_dims = get_or<int64_t>(md, key("rope.dimension_count"), c.head_dim, source);
+  KVLAB_CHECK(rope_dims == c.head_dim,
+              "{}: partial RoPE is not supported ({} = {}, head_dim = {})", source,
+              key("rope.dimension_count"), rope_dims, c.head_dim);
+  c.intermediate_size = get_required<int64_t>(md, key("feed_forward_length"), source);
+  c.vocab_size = get_or<int64_t>(md, key("vocab_size"), n_vocab_fallback, source);
+  c.max_position_embeddings = get_or<int64_t>(md, key("context_length"), 0, source);
+  c.rms_norm_eps = get_or<double>(md, key("attention.layer_norm_rms_epsilon"), 1e-6, source);
+  // GGUF stores eps as float32 (1e-5 reads back as 9.99999974738e-06); transformers' GGUF loader
+  // passes that value on unchanged, so kvlab does too.
+  c.rope_theta = get_or<double>(md, key("rope.freq_base"), 10000.0, source);
+  const std::string scaling = get_or<std::string>(md, key("rope.scaling.type"), "none", source);
+  if (scaling == "linear") {
+    c.rope_scaling.kind = "linear";
+    c.rope_scaling.factor = get_required<double>(md, key("rope.scaling.factor"), source);
+  } else {
+    KVLAB_CHECK(scaling == "none", "{}: {} '{}' is not supported (supported: none, linear)",
+                source, key("rope.scaling.type"), scaling);
+  }
+  c.qkv_bias = arch == "qwen2";
+  c.tie_word_embeddings = false;  // the loader sets it when output.weight is absent
+  c.bos_token_id = get_or<int64_t>(md, "tokenizer.ggml.bos_token_id", -1, source);
+  const int64_t eos = get_or<int64_t>(md, "tokenizer.ggml.eos_token_id", -1, source);
+  if (eos >= 0) c.eos_token_ids = {eos};
+  c.validate(source);
+  return c;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,248 @@
+// --model resolution and weight loading: Hugging Face directories (safetensors, HF tensor names)
+// and GGUF files (llama.cpp tensor names, dequantized by gguf.cpp, q/k rows un-permuted).
+#include "kvlab/core/check.h"
+#include "kvlab/io/gguf.h"
+#include "kvlab/io/safetensors.h"
+#include "kvlab/model/model.h"
+#include "kvlab/model/tensor_names.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#ifndef KVLAB_REPO_DIR
+#define KVLAB_REPO_DIR "."
+#endif
+
+namespace kvlab {
+
+namespace fs = std::filesystem;
+constexpr WeightFormat hf = WeightFormat::hf;
+constexpr WeightFormat gguf = WeightFormat::gguf;
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// Checks a loaded tensor's shape; `what` names the tensor and its file.
+void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const std::string& what) {
+  KVLAB_CHECK(t.sizes().vec() == shape, "{}: expected shape {}, found {}", what, shape,
+              t.sizes().vec());
+}
+
+// Moves the weights to the model's device/dtype and finishes the derived fields.
+void finish_model(Model& m, const ModelLoadOptions& opt) {
+  auto to = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(opt.device, opt.dtype).contiguous();
+  };
+  ModelWeights& w = m.weights;
+  const bool tied = w.lm_head.defined() && w.lm_head.is_same(w.tok_embd);
+  to(w.tok_embd);
+  to(w.out_norm);
+  if (tied) w.lm_head = w.tok_embd; else to(w.lm_head);
+  for (auto& l : w.layers)
+    for (at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
+                          &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm})
+      to(*t);
+  m.inv_freq = rope_inv_freq(m.config, w.rope_freqs).to(opt.device);
+  m.dtype = opt.dtype;
+  m.device = opt.device;
+}
+
+// Expected shapes of every tensor of a layer, checked after loading (both formats).
+void check_layer(const ModelConfig& c, const LayerWeights& l, int64_t i, const std::string& src) {
+  const int64_t H = c.hidden_size, qd = c.n_q_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+  const std::string p = fmt::format("{}: layer {} ", src, i);
+  expect_shape(l.wq, {qd, H}, p + "q weight");
+  expect_shape(l.wk, {kd, H}, p + "k weight");
+  expect_shape(l.wv, {kd, H}, p + "v weight");
+  expect_shape(l.wo, {H, qd}, p + "o weight");
+  if (c.qkv_bias) {
+    expect_shape(l.bq, {qd}, p + "q bias");
+    expect_shape(l.bk, {kd}, p + "k bias");
+    expect_shape(l.bv, {kd}, p + "v bias");
+  }
+  if (c.o_bias) expect_shape(l.bo, {H}, p + "o bias");
+  expect_shape(l.w_gate, {c.intermediate_size, H}, p + "gate weight");
+  expect_shape(l.w_up, {c.intermediate_size, H}, p + "up weight");
+  expect_shape(l.w_down, {H, c.intermediate_size}, p + "down weight");
+  expect_shape(l.attn_norm, {H}, p + "attention norm");
+  expect_shape(l.ffn_norm, {H}, p + "ffn norm");
+}
+
+}  // namespace
+
+ModelSource resolve_model(const std::string& spec, const std::string& flag) {
+  KVLAB_CHECK(!spec.empty(), "{} is required: a Hugging Face directory, a .gguf file, or one of "
+              "the names smollm2-135m, stories260k", flag);
+  ModelSource src;
+  src.spec = spec;
+  const std::string repo = KVLAB_REPO_DIR;
+  const std::string name = lower(spec);
+  fs::path path(spec);
+  if (!fs::exists(path)) {
+    if (name == "smollm2-135m") {
+      const fs::path dir = fs::path(env_or("KVLAB_MODELS", repo + "/models")) / "smollm2-135m";
+      std::vector<fs::path> found;
+      if (fs::is_directory(dir))
+        for (const auto& e : fs::directory_iterator(dir))
+          if (e.path().extension() == ".gguf") found.push_back(e.path());
+      std::sort(found.begin(), found.end());
+      KVLAB_CHECK(!found.empty(), "{} smollm2-135m: no .gguf file in {}; run "
+                  "data_scripts/get_smollm2.sh (or set KVLAB_MODELS to the folder holding "
+                  "smollm2-135m/)", flag, dir.string());
+      path = found.front();
+    } else if (name == "stories260k") {
+      path = fs::path(env_or("KVLAB_SHARED", repo + "/../shared")) / "models" / "stories260K";
+      KVLAB_CHECK(fs::is_directory(path), "{} stories260k: {} does not exist (set KVLAB_SHARED to "
+                  "the shared data folder)", flag, path.string());
+    } else {
+      KVLAB_FAIL("{} '{}': no such file or directory, and not a known name (smollm2-135m, "
+                 "stories260k)", flag, spec);
+    }
+  }
+  if (fs::is_directory(path)) {
+    KVLAB_CHECK(fs::exists(path / "config.json"), "{} '{}': directory has no config.json (expected "
+                "a Hugging Face model directory)", flag, path.string());
+    src.kind = ModelSource::Kind::hf_dir;
+    src.path = path.string();
+    src.tokenizer_path = path.string();
+  } else {
+    KVLAB_CHECK(ends_with(lower(path.string()), ".gguf"), "{} '{}': expected a directory or a "
+                ".gguf file", flag, path.string());
+    src.kind = ModelSource::Kind::gguf;
+    src.path = path.string();
+    src.tokenizer_path = path.string();
+  }
+  return src;
+}
+
+at::ScalarType parse_compute_dtype(const std::string& name, const std::string& flag) {
+  const std::string n = lower(name);
+  if (n == "fp32" || n == "float32" || n == "float") return at::kFloat;
+  if (n == "fp16" || n == "float16" || n == "half") return at::kHalf;
+  if (n == "bf16" || n == "bfloat16") return at::kBFloat16;
+  if (n == "fp64" || n == "float64" || n == "double") return at::kDouble;
+  KVLAB_FAIL("{} '{}' is not a dtype (expected fp32, bf16, fp16 or fp64)", flag, name);
+}
+
+namespace {
+void check_dtype_device(const ModelLoadOptions& opt) {
+  // LibTorch 1.13's CPU matmul has no float16 kernel ("addmm_impl_cpu_ not implemented for Half").
+  KVLAB_CHECK(!(opt.dtype == at::kHalf && opt.device.is_cpu()),
+              "--dtype fp16 needs --device cuda (CPU matmuls have no float16 kernel); use bf16 or "
+              "fp32 on CPU");
+}
+}  // namespace
+
+Model load_model(const std::string& spec, const ModelLoadOptions& opt) {
+  ModelSource src = resolve_model(spec);
+  return src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, opt) : load_model_hf(src, opt);
+}
+
+Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
+  check_dtype_device(opt);
+  c10::InferenceMode guard;
+  Model m;
+  m.id = src.spec;
+  m.source = src;
+  m.config = load_hf_config((fs::path(src.path) / "config.json").string());
+  const ModelConfig& c = m.config;
+  SafetensorsCheckpoint ckpt(src.path);
+  // Load as float32 first (the stored dtype may be F16/BF16), convert in finish_model.
+  auto get = [&](const std::string& name) { return ckpt.get(name, at::kFloat); };
+  ModelWeights& w = m.weights;
+  w.tok_embd = get(tensor_name(hf, TensorRole::tok_embd));
+  expect_shape(w.tok_embd, {c.vocab_size, c.hidden_size},
+               src.path + ": " + tensor_name(hf, TensorRole::tok_embd));
+  w.out_norm = get(tensor_name(hf, TensorRole::out_norm));
+  if (ckpt.has(tensor_name(hf, TensorRole::lm_head)) && !c.tie_word_embeddings) {
+    w.lm_head = get(tensor_name(hf, TensorRole::lm_head));
+    expect_shape(w.lm_head, {c.vocab_size, c.hidden_size}, src.path + ": " + tensor_name(hf, TensorRole::lm_head));
+  } else {
+    KVLAB_CHECK(c.tie_word_embeddings, "{}: lm_head.weight is missing and config.json has "
+                "tie_word_embeddings=false", src.path);
+    w.lm_head = w.tok_embd;
+  }
+  w.layers.resize(c.n_layers);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = w.layers[i];
+    for (TensorRole role : layer_roles())
+      if (layer_role_present(role, c)) layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i));
+    check_layer(c, l, i, src.path);
+  }
+  KVLAB_CHECK(!ckpt.has(tensor_name(WeightFormat::hf, TensorRole::attn_q, c.n_layers)),
+              "{}: holds more layers than num_hidden_layers={}", src.path, c.n_layers);
+  finish_model(m, opt);
+  return m;
+}
+
+Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
+  check_dtype_device(opt);
+  c10::InferenceMode guard;
+  GgufFile g(src.path);
+  // Scalar metadata as JSON for model_config_from_gguf.
+  nlohmann::json md = nlohmann::json::object();
+  for (const auto& key : g.keys()) {
+    const GgufValue& v = g.value(key);
+    if (v.type == GgufType::ARRAY) continue;
+    if (v.type == GgufType::STRING) md[key] = v.s;
+    else if (v.type == GgufType::BOOL) md[key] = v.i != 0;
+    else if (v.is_float()) md[key] = v.f;
+    else if (v.is_integer() && !v.u_only) md[key] = v.i;
+  }
+  const GgufTensorInfo* embd = g.find_tensor(tensor_name(gguf, TensorRole::tok_embd));
+  KVLAB_CHECK(embd != nullptr, "{}: tensor token_embd.weight is missing", src.path);
+  const int64_t n_vocab = embd->shape.size() == 2 ? embd->shape[0] : 0;
+
+  Model m;
+  m.id = src.spec;
+  m.source = src;
+  m.config = model_config_from_gguf(md, src.path, n_vocab);
+  ModelConfig& c = m.config;
+  c.tie_word_embeddings = !g.has_tensor(tensor_name(gguf, TensorRole::lm_head));
+  // llama.cpp's converter permutes q/k rows of the "llama" architecture only (qwen2 is stored in
+  // the HF layout already).
+  const bool permuted = c.architecture == "llama";
+
+  auto get = [&](const std::string& name) { return g.get(name, at::kFloat); };
+  ModelWeights& w = m.weights;
+  w.tok_embd = get(tensor_name(gguf, TensorRole::tok_embd));
+  expect_shape(w.tok_embd, {c.vocab_size, c.hidden_size}, src.path + ": " + tensor_name(gguf, TensorRole::tok_embd));
+  w.out_norm = get(tensor_name(gguf, TensorRole::out_norm));
+  w.lm_head = c.tie_word_embeddings ? w.tok_embd : get(tensor_name(gguf, TensorRole::lm_head));
+  if (!c.tie_word_embeddings)
+    expect_shape(w.lm_head, {c.vocab_size, c.hidden_size}, src.path + ": " + tensor_name(gguf, TensorRole::lm_head));
+  if (g.has_tensor(tensor_name(gguf, TensorRole::rope_freqs))) w.rope_freqs = get(tensor_name(gguf, TensorRole::rope_freqs));
+  w.layers.resize(c.n_layers);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = w.layers[i];
+    for (TensorRole role : layer_roles())
+      if (layer_role_present(role, c)) layer_slot(l, role) = get(tensor_name(WeightFormat::gguf, role, i));
+    if (permuted) {
+      l.wq = gguf_unpermute_qk(l.wq, static_cast<int>(c.n_q_heads));
+      l.wk = gguf_unpermute_qk(l.wk, static_cast<int>(c.n_kv_heads));
+      if (l.bq.defined()) l.bq = gguf_unpermute_qk(l.bq, static_cast<int>(c.n_q_heads));
+      if (l.bk.defined()) l.bk = gguf_unpermute_qk(l.bk, static_cast<int>(c.n_kv_heads));
+    }
+    check_layer(c, l, i, src.path);
+  }
+  finish_model(m, opt);
+  return m;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,189 @@
+#include "kvlab/replay/replay.h"
+
+#include <chrono>
+#include <limits>
+
+#include "kvlab/attention/attention.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/text.h"
+
+namespace kvlab {
+
+const std::vector<std::string>& replay_metric_names() {
+  static const std::vector<std::string> names = {"rel_err", "bound_ratio_F", "bound_ratio_op", "cosine",
+                                                 "rel_err_clamped", "mass_recall", "kept_fraction",
+                                                 "compress_ms"};
+  return names;
+}
+
+ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p) {
+  ReplayUnit u;
+  u.sample = sample;
+  u.layer = layer;
+  u.n_layers = cap.meta().n_layers;
+  auto qkv = cap.read_layer(sample, layer);
+  const int64_t n_q_all = qkv.q.size(1);
+  const int64_t n_q = parse_queries_spec(p.queries, n_q_all, "--queries");
+  at::Device dev(p.device);
+  u.q = qkv.q.narrow(1, n_q_all - n_q, n_q);                       // [Hq, n_q, d]
+  u.k = qkv.k;                                                      // [Hkv, n, d]
+  u.v = qkv.v;
+  const int h_kv = cap.meta().n_kv_heads, g = cap.meta().n_q_heads / h_kv;
+  u.kv_heads = p.kv_heads;
+  if (u.kv_heads.empty())
+    for (int h = 0; h < h_kv; ++h) u.kv_heads.push_back(h);
+  if (static_cast<int>(u.kv_heads.size()) != h_kv) {
+    std::vector<int64_t> kv(u.kv_heads.begin(), u.kv_heads.end()), qh;
+    for (int h : u.kv_heads)
+      for (int j = 0; j < g; ++j) qh.push_back(int64_t(h) * g + j);
+    u.k = u.k.index_select(0, at::tensor(kv));
+    u.v = u.v.index_select(0, at::tensor(kv));
+    u.q = u.q.index_select(0, at::tensor(qh));
+  }
+  u.q = u.q.to(dev).contiguous();
+  u.k = u.k.to(dev).contiguous();
+  u.v = u.v.to(dev).contiguous();
+  u.ref = exact_reference(u.q, u.k, u.v);
+  u.probs = exact_attention_probs(u.q, u.k, /*causal=*/true);
+  return u;
+}
+
+namespace {
+
+at::Tensor positions(int64_t begin, int64_t end, const at::Tensor& like) {
+  return at::arange(begin, end, like.options().dtype(at::kLong));
+}
+
+// Concatenates [head exact | compressed region | tail exact] into one set. The compressed
+// entries precede every query, so their position is -1 (always visible).
+KVSet assemble(const at::Tensor& k, const at::Tensor& v, int64_t region_begin, int64_t region_end,
+               const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& cbias) {
+  const int64_t h = k.size(0), n = k.size(1);
+  auto hk = k.narrow(1, 0, region_begin), hv = v.narrow(1, 0, region_begin);
+  auto tk = k.narrow(1, region_end, n - region_end), tv = v.narrow(1, region_end, n - region_end);
+  const int64_t m = ck.size(1);
+  auto zeros = [&](int64_t len) { return at::zeros({h, len}, k.options()); };
+  KVSet s;
+  s.keys = at::cat({hk, ck.to(k.scalar_type()), tk}, 1);
+  s.values = cv.defined() ? at::cat({hv, cv.to(v.scalar_type()), tv}, 1) : at::Tensor();
+  s.bias = at::cat({zeros(region_begin), cbias.defined() ? cbias.to(k.scalar_type()) : zeros(m),
+                    zeros(n - region_end)}, 1);
+  auto pos = at::cat({positions(0, region_begin, k), at::full({m}, -1, k.options().dtype(at::kLong)),
+                      positions(region_end, n, k)});
+  s.pos = pos.unsqueeze(0).expand({h, pos.size(0)}).contiguous();
+  return s;
+}
+
+}  // namespace
+
+ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budget& b, uint64_t seed,
+                           const ReplayProtocol& p) {
+  const int64_t n = u.k.size(1), n_q = u.q.size(1);
+  const int64_t tail = std::min(n, std::max<int64_t>(p.keep_last, n_q));
+  const int64_t region_begin = std::min(p.keep_first, n - tail);
+  const int64_t region_end = n - tail;
+
+  LayerKV region;
+  region.keys = u.k.narrow(1, region_begin, region_end - region_begin);     // [Hkv, r, d]
+  region.values = u.v.narrow(1, region_begin, region_end - region_begin);
+  region.queries = u.q;                                                      // [Hq, n_q, d]
+  region.query_pos = positions(n - n_q, n, u.k);                             // [n_q]
+  region.pos0 = region_begin;
+  region.layer = u.layer;
+  region.n_layers = u.n_layers;
+
+  CompressOptions opt;
+  opt.budget = b;
+  opt.seed = seed;
+  const int64_t r = region_end - region_begin;
+
+  ReplayOutput out;
+  out.region_begin = region_begin;
+  out.region_end = region_end;
+  auto t0 = std::chrono::steady_clock::now();
+  if (r > 0) {
+    out.region = c.compress(region, opt);
+  } else {
+    out.region = keep_all(region);
+  }
+  out.compress_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const auto& cr = out.region;
+
+  KVSet num = assemble(u.k, u.v, region_begin, region_end, cr.keys, cr.values, cr.bias);
+  AttentionOptions ao;
+  ao.query_pos = region.query_pos;
+  ao.logit_scale = cr.logit_scale;
+  if (cr.has_separate_den()) {
+    KVSet den = assemble(u.k, u.v, region_begin, region_end, cr.den_keys, at::Tensor(), cr.den_bias);
+    out.z = attention(u.q, num, &den, ao);
+  } else {
+    out.z = attention(u.q, num, nullptr, ao);
+  }
+  return out;
+}
+
+nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
+                           const Budget& b, uint64_t seed, const ReplayProtocol& p) {
+  auto out = replay_attend(u, *m.compressor, b, seed, p);
+  const int64_t n = u.k.size(1), h_kv = u.k.size(0), g = u.q.size(0) / h_kv;
+  const int64_t region = out.region_end - out.region_begin;
+  const int64_t exact_entries = n - region;
+  const auto& cr = out.region;
+
+  // Per-head kept entries (numerator plus any separate denominator set).
+  const double inf = std::numeric_limits<double>::infinity();
+  auto real = [&](const at::Tensor& bias, int64_t m_entries) {
+    return bias.defined() ? (bias != -inf).sum(1).to(at::kDouble) : at::full({h_kv}, double(m_entries), at::kDouble);
+  };
+  auto kept_per_head = real(cr.bias, cr.keys.size(1)).cpu();                  // [Hkv]
+  if (cr.has_separate_den()) kept_per_head = kept_per_head + real(cr.den_bias, cr.den_keys.size(1)).cpu();
+
+  at::Tensor kept_mask;  // [Hkv, n] bool, selection methods only
+  if (cr.kept_idx.defined()) {
+    kept_mask = at::zeros({h_kv, n}, u.k.options().dtype(at::kBool));
+    kept_mask.narrow(1, 0, out.region_begin).fill_(true);
+    kept_mask.narrow(1, out.region_end, n - out.region_end).fill_(true);
+    // Count hits per position so padding (-1, clamped to 0) can never clear a real entry.
+    auto idx = cr.kept_idx.to(at::kLong);                                     // [Hkv, m]
+    auto hits = at::zeros({h_kv, n}, idx.options());
+    hits.scatter_add_(1, idx.clamp_min(0) + out.region_begin, (idx >= 0).to(at::kLong));
+    kept_mask = kept_mask | (hits > 0);
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t h = 0; h < h_kv; ++h) {
+    ExactReference ref;
+    ref.out = u.ref.out.narrow(0, h * g, g);
+    ref.prob_l2 = u.ref.prob_l2.narrow(0, h * g, g);
+    ref.v_frob = u.ref.v_frob.narrow(0, h, 1);
+    ref.v_op = u.ref.v_op.narrow(0, h, 1);
+    auto metrics = compare_to_exact(out.z.narrow(0, h * g, g), ref);
+    double kept = kept_per_head[h].item<double>();
+    nlohmann::json row = {{"sample", u.sample},
+                          {"sample_id", sample_id},
+                          {"layer", u.layer},
+                          {"head", u.kv_heads[static_cast<size_t>(h)]},
+                          {"method", m.name},
+                          {"params", m.compressor->params()},
+                          {"seed", seed},
+                          {"n_tokens", n},
+                          {"n_q", u.q.size(1)},
+                          {"region_tokens", region},
+                          {"kept_entries", kept},
+                          {"kept_fraction", (kept + double(exact_entries)) / double(n)},
+                          {"rel_err", metrics.rel_err},
+                          {"bound_ratio_F", metrics.bound_ratio_F},
+                          {"bound_ratio_op", metrics.bound_ratio_op},
+                          {"cosine", metrics.cosine},
+                          {"rel_err_clamped", metrics.rel_err_clamped},
+                          {"compress_ms", out.compress_ms / double(h_kv)}};
+    const nlohmann::json setting = b.to_json();
+    for (auto it = setting.begin(); it != setting.end(); ++it) row[it.key()] = it.value();
+    if (kept_mask.defined())
+      row["mass_recall"] = mass_recall(u.probs.narrow(0, h * g, g), kept_mask.narrow(0, h, 1));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace kvlab
