@@ -6,25 +6,17 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <dlfcn.h>
-
 #include <iostream>
 #include <thread>
 
 #include "commands.h"
+#include "kvlab/core/blas.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 
 namespace kvlab::cli {
 namespace {
 int g_threads = 0;
-
-// LibTorch's CPU matmul goes to OpenBLAS when libopenblas0-pthread is installed; its own thread
-// pool ignores at::set_num_threads. Set it too when it is there (no link-time dependency).
-void set_blas_threads(int n) {
-  using SetThreads = void (*)(int);
-  if (auto f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
-}
 }  // namespace
 int threads() { return g_threads; }
 }  // namespace kvlab::cli
@@ -33,10 +25,11 @@ int main(int argc, char** argv) {
   CLI::App app{"kvlab: KV-cache compression research harness (capture, replay, analyse, benchmark)"};
   app.require_subcommand(0, 1);
   bool version = false;
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  app.add_flag("--version", version, "print version, git SHA, LibTorch version and CUDA availability");
-  app.add_option("--threads", threads, "LibTorch intra-op threads (default: the core count)")
-      ->check(CLI::PositiveNumber);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads = cores;
+  app.add_flag("--version", version, "print version, git SHA, LibTorch and BLAS, threads, CUDA availability");
+  app.add_option("--threads", threads, "LibTorch (and BLAS) threads (default: the core count)")
+      ->check(CLI::Range(1, 4 * cores).description(fmt::format("in [1, {}] (4x the {} cores)", 4 * cores, cores)));
 
   kvlab::cli::setup_inspect(app);
   kvlab::cli::setup_synth(app);
@@ -52,18 +45,25 @@ int main(int argc, char** argv) {
   // Global settings take effect before any subcommand callback runs.
   app.parse_complete_callback([&] {
     at::set_num_threads(threads);
-    kvlab::cli::set_blas_threads(threads);
+    kvlab::set_blas_threads(threads);
     kvlab::cli::g_threads = threads;
+    const kvlab::BlasInfo blas = kvlab::blas_info();
+    if (threads > 1 && blas.threading == "pthread" && !version)
+      fmt::print(stderr, "warning: OpenBLAS uses its own pthread pool, which competes with LibTorch's "
+                         "OpenMP threads (prefill runs ~4x slower); scripts/setup.sh selects the OpenMP "
+                         "build (libopenblas0-openmp), or set OMP_WAIT_POLICY=PASSIVE\n");
   });
 
   try {
     app.parse(argc, argv);
     if (version) {
-      fmt::print("kvlab {}\ngit {}{}\nLibTorch {}\nCUDA {}{}\nbuild {}\n", kvlab::kvlab_version(),
-                 kvlab::git_sha(), kvlab::git_dirty() ? " (dirty)" : "", kvlab::torch_version(),
-                 kvlab::cuda_available() ? "available" : "not available",
+      const kvlab::BlasInfo blas = kvlab::blas_info();
+      fmt::print("kvlab {}\ngit {}{}\nLibTorch {}\nCUDA {}{}\nbuild {}\nthreads {} (LibTorch), {} (BLAS)\n"
+                 "BLAS {} ({})\n",
+                 kvlab::kvlab_version(), kvlab::git_sha(), kvlab::git_dirty() ? " (dirty)" : "",
+                 kvlab::torch_version(), kvlab::cuda_available() ? "available" : "not available",
                  kvlab::cuda_version() == "none" ? "" : " (runtime " + kvlab::cuda_version() + ")",
-                 kvlab::build_type());
+                 kvlab::build_type(), at::get_num_threads(), blas.threads, blas.name, blas.threading);
       return 0;
     }
     if (app.get_subcommands().empty()) {

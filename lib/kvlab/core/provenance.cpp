@@ -10,6 +10,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "kvlab/core/blas.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab_git_sha.h"  // generated at build time: KVLAB_GIT_SHA, KVLAB_GIT_DIRTY
 
@@ -63,6 +64,11 @@ std::string describe_device(const std::string& device) {
   return "cpu (" + std::to_string(at::get_num_threads()) + " threads)";
 }
 
+nlohmann::json blas_json() {
+  const BlasInfo b = blas_info();
+  return {{"name", b.name}, {"threading", b.threading}, {"threads", b.threads}};
+}
+
 nlohmann::json context_block(const std::string& device, uint64_t seed, const nlohmann::json& config) {
   return {{"schema_version", 1},
           {"kvlab_version", kvlab_version()},
@@ -76,6 +82,7 @@ nlohmann::json context_block(const std::string& device, uint64_t seed, const nlo
           {"cuda_version", cuda_version()},
           {"build_type", build_type()},
           {"threads", at::get_num_threads()},
+          {"blas", blas_json()},
           {"seed", seed},
           {"config", config},
           {"config_sha256", sha256_hex(config.dump())}};

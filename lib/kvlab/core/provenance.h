@@ -20,6 +20,9 @@ std::string utc_now_iso();    // 2026-11-22T12:00:00Z
 std::string utc_stamp();      // 20261122-120000 (for folder names)
 std::string describe_device(const std::string& device);  // "cpu (x86_64, 2 threads)" / GPU name
 
+// The BLAS under LibTorch's CPU matmuls: {"name", "threading", "threads"} (core/blas.h).
+nlohmann::json blas_json();
+
 // The google/benchmark-style context block of every result.json.
 nlohmann::json context_block(const std::string& device, uint64_t seed, const nlohmann::json& config);
 
