@@ -31,7 +31,8 @@ struct ReplayOptions {
   std::vector<int64_t> T;
   int64_t keep_first = 0;
   int64_t keep_last = 0;
-  std::string queries = "all";
+  std::string eval_queries = "last:256";
+  int64_t obs_queries = 256;
   std::string layers = "all";
   std::string heads = "all";
   std::string samples = "all";
@@ -55,8 +56,10 @@ struct ReplayOptions {
     f.add("budget", budget, "absolute entries kept per KV head for the region (instead of --ratio)");
     f.add("T", T, "halvings for halving methods, e.g. 1,2,3,4 (instead of --ratio)");
     f.add("keep_first", keep_first, "first tokens kept exact (sinks)");
-    f.add("keep_last", keep_last, "last tokens kept exact (the queries' tail is always exact)");
-    f.add("queries", queries, "captured queries to measure: all | last:N");
+    f.add("keep_last", keep_last, "last tokens kept exact (the evaluation queries' tail is always exact)");
+    f.add("eval_queries", eval_queries, "captured queries the metrics judge: last:N (the last N positions) | all");
+    f.add("obs_queries", obs_queries, "captured queries just before the evaluation window that methods may score "
+                                      "keys with (never the judged ones); 0 = none");
     f.add("layers", layers, "layers: all (captured) | 0,1,4 | 0-3");
     f.add("heads", heads, "KV heads: all | 0,2");
     f.add("samples", samples, "samples: all | 0,1");
@@ -97,15 +100,21 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   ReplayProtocol proto;
   KVLAB_CHECK(o.keep_first >= 0, "--keep-first must be >= 0, got {}", o.keep_first);
   KVLAB_CHECK(o.keep_last >= 0, "--keep-last must be >= 0, got {}", o.keep_last);
-  check_queries_spec(o.queries, "--queries");
+  check_queries_spec(o.eval_queries, "--eval-queries");
+  KVLAB_CHECK(o.obs_queries >= 0, "--obs-queries must be >= 0, got {}", o.obs_queries);
   proto.keep_first = o.keep_first;
   proto.keep_last = o.keep_last;
-  proto.queries = o.queries;
+  proto.eval_queries = o.eval_queries;
+  proto.obs_queries = o.obs_queries;
   proto.device = o.device;
   if (o.heads != "all") proto.kv_heads = parse_index_list(o.heads, meta.n_kv_heads, "--heads");
   auto layers = select_layers(meta, o.layers);
   auto samples = o.samples == "all" ? parse_index_list("all", int(cap.n_samples()), "--samples")
                                     : parse_index_list(o.samples, int(cap.n_samples()), "--samples");
+
+  // Both query windows must fit in every selected sample: checked before anything is written.
+  for (int s : samples)
+    split_queries(cap.sample(s).n_q, proto, fmt::format("{}: sample {}", o.capture, s));
 
   std::vector<std::pair<int64_t, int>> units;
   for (int s : samples)

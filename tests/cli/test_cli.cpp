@@ -17,6 +17,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Replay's two query windows on the small captures below (32 captured queries).
+const std::string kWindows = " --eval-queries last:16 --obs-queries 16";
+
 struct Result {
   int code;
   std::string out;
@@ -51,7 +54,7 @@ std::string small_capture(const std::string& dir) {
   s.n_kv_heads = 2;
   s.head_dim = 16;
   s.n_tokens = 200;
-  s.n_q = 16;
+  s.n_q = 32;  // 16 observation + 16 evaluation queries (kWindows)
   s.n_samples = 2;
   auto path = dir + "/cap.h5";
   write_synthetic_capture(path, s);
@@ -81,7 +84,7 @@ TEST_CASE("cli: inspect prints the shapes; --json parses") {
   auto r = run_kvlab("inspect " + cap);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("n_q_heads=4 n_kv_heads=2 head_dim=16") != std::string::npos);
-  CHECK(r.out.find("q: [4, 16, 16]  k,v: [2, 200, 16]") != std::string::npos);
+  CHECK(r.out.find("q: [4, 32, 16]  k,v: [2, 200, 16]") != std::string::npos);
   auto j = run_kvlab("inspect --json " + cap);
   REQUIRE(j.code == 0);
   auto parsed = nlohmann::json::parse(j.out);
@@ -127,28 +130,32 @@ TEST_CASE("cli: bad input gives one error line and a non-zero exit") {
   SUBCASE("misspelled config key") {
     auto cfg = dir + "/bad.json";
     std::ofstream(cfg) << R"({"capture": ")" << cap << R"(", "raito": [0.2]})";
-    check_one_error(run_kvlab("replay --config " + cfg), "unknown key 'raito' (did you mean 'ratio'?)");
+    check_one_error(run_kvlab("replay" + kWindows + " --config " + cfg), "unknown key 'raito' (did you mean 'ratio'?)");
   }
   SUBCASE("unknown method") {
-    check_one_error(run_kvlab("replay --capture " + cap + " --method chelsa --ratio 0.2"), "Did you mean: chelsea?");
+    check_one_error(run_kvlab("replay" + kWindows + " --capture " + cap + " --method chelsa --ratio 0.2"), "Did you mean: chelsea?");
   }
   SUBCASE("ratio out of range") {
-    check_one_error(run_kvlab("replay --capture " + cap + " --method uniform --ratio 1.5"),
+    check_one_error(run_kvlab("replay" + kWindows + " --capture " + cap + " --method uniform --ratio 1.5"),
                     "--ratio must be in (0, 1], got 1.5");
   }
   SUBCASE("unknown parameter") {
-    check_one_error(run_kvlab("replay --capture " + cap + " --method snapkv --ratio 0.2 --param windw=8"),
+    check_one_error(run_kvlab("replay" + kWindows + " --capture " + cap + " --method snapkv --ratio 0.2 --param windw=8"),
                     "unknown parameter 'windw' (did you mean 'window'?)");
   }
   SUBCASE("layer not captured") {
-    check_one_error(run_kvlab("replay --capture " + cap + " --method exact --ratio 1 --layers 5"), "--layers");
+    check_one_error(run_kvlab("replay" + kWindows + " --capture " + cap + " --method exact --ratio 1 --layers 5"), "--layers");
+  }
+  SUBCASE("too few captured queries for both windows") {
+    auto r = run_kvlab("replay --capture " + cap + " --method h2o --ratio 0.2 --eval-queries last:16 --obs-queries 20");
+    check_one_error(r, "32 queries were captured, but --eval-queries last:16 and --obs-queries 20 need 36");
   }
 }
 
 TEST_CASE("cli: replay writes complete results; shards merge to the unsharded rows") {
   auto dir = test::temp_dir("cli_replay");
   auto cap = small_capture(dir);
-  std::string common = "replay --quiet --capture " + cap + " --method exact,uniform,h2o --ratio 0.25,0.5 --seeds 2";
+  std::string common = "replay" + kWindows + " --quiet --capture " + cap + " --method exact,uniform,h2o --ratio 0.25,0.5 --seeds 2";
   auto full = run_kvlab(common + " --out " + dir + "/full");
   REQUIRE_MESSAGE(full.code == 0, full.out);
   auto s0 = run_kvlab(common + " --shard 0/2 --out " + dir + "/s0");
@@ -185,9 +192,9 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   auto d = run_kvlab("dump --model " + model +
                  " --prompt 'Once upon a time, there was a little girl named Lily. She loved to play outside in the "
                  "park with her friends. One day, she saw a big red ball under a tree and wanted to play with it.'"
-                 " --queries last:16 --out " + cap);
+                 " --queries last:32 --out " + cap);
   REQUIRE_MESSAGE(d.code == 0, d.out);
-  auto r = run_kvlab("replay --quiet --capture " + cap + " --method all --ratio 0.5 --out " + dir + "/rep");
+  auto r = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method all --ratio 0.5 --out " + dir + "/rep");
   REQUIRE_MESSAGE(r.code == 0, r.out);
   auto j = read_json_file(dir + "/rep/result.json");
   std::set<std::string> methods;

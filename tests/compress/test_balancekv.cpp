@@ -235,9 +235,37 @@ TEST_CASE("budget: never above it; exact at n/2^T; seeds; params") {
     CompressOptions opt;
     opt.budget = Budget::of_entries(budget);
     auto out = c->compress(kv, opt);
-    CHECK(out.mean_entries() <= budget);
-    CHECK(out.mean_entries() > budget / 2.0);
-    if (budget == 300 || budget == 150) CHECK(out.mean_entries() == budget);
+    CHECK(out.mean_entries() == budget);  // equal memory: every budget is reached exactly
+  }
+  {
+    // Between powers of two the last halving covers only the oldest 2(m - B) survivors:
+    // 600 -> 300 (one full round: the same draws as T = 1 with this seed) -> the oldest 200 of
+    // those halve to 100, the youngest 100 stay with their round-1 weight.
+    CompressOptions t1, b200;
+    t1.budget = Budget::of_halvings(1), t1.seed = 3;
+    b200.budget = Budget::of_entries(200), b200.seed = 3;
+    auto one = c->compress(kv, t1), part = c->compress(kv, b200);
+    REQUIRE(one.kept_idx.size(1) == 300);
+    REQUIRE(part.kept_idx.size(1) == 200);
+    for (int64_t h = 0; h < kv.n_kv_heads(); ++h) {
+      std::map<int64_t, double> first, second;  // region index -> bias
+      for (int64_t j = 0; j < 300; ++j) first[one.kept_idx[h][j].item<int64_t>()] = one.bias[h][j].item<double>();
+      for (int64_t j = 0; j < 200; ++j) second[part.kept_idx[h][j].item<int64_t>()] = part.bias[h][j].item<double>();
+      std::vector<int64_t> order;
+      for (const auto& [i, b] : first) order.push_back(i);  // ascending = survivor order
+      int64_t from_old = 0;
+      for (size_t j = 0; j < order.size(); ++j) {
+        const bool young = j >= 200;
+        if (young) {
+          REQUIRE(second.count(order[j]) == 1);  // every young survivor is kept ...
+          CHECK(second[order[j]] == doctest::Approx(first[order[j]]));  // ... with its weight
+        } else {
+          from_old += second.count(order[j]);
+          if (second.count(order[j])) CHECK(second[order[j]] >= first[order[j]] - 1e-12);  // x1 or x2 (keep rule)
+        }
+      }
+      CHECK(from_old == 100);
+    }
   }
   for (std::string name : {"balancekv", "balancekv-mr"}) {
     INFO("method=", name);

@@ -292,10 +292,19 @@ TEST_CASE("baselines: uniform bias is log(1/ratio); uniform-halving keeps floor(
         CHECK(static_cast<int64_t>(std::set<int64_t>(r.begin(), r.end()).size()) == (203 >> T));
       }
     }
-    // From a budget: the smallest T with floor(n/2^T) <= budget.
+    // From a budget between powers of two: 203 -> 101 -> 50, then the last round halves only the
+    // oldest 2·(50 - 40) = 20 survivors: 10 of them (bias 3 log 2) + the 30 younger (2 log 2).
     auto out = c->compress(kv, budget_opt(40, 1));
-    CHECK(out.keys.size(1) == 25);  // 203 -> 101 -> 50 -> 25
-    CHECK(at::allclose(out.bias, at::full_like(out.bias, 3 * std::log(2.0))));
+    CHECK(out.keys.size(1) == 40);
+    for (int64_t h = 0; h < 3; ++h) {
+      auto bias = out.bias[h];
+      CHECK((bias - 3 * std::log(2.0)).abs().lt(1e-9).sum().item<int64_t>() == 10);
+      CHECK((bias - 2 * std::log(2.0)).abs().lt(1e-9).sum().item<int64_t>() == 30);
+      // The 30 younger survivors are the youngest kept tokens.
+      auto young = out.kept_idx[h].masked_select((bias - 2 * std::log(2.0)).abs().lt(1e-9));
+      auto old = out.kept_idx[h].masked_select((bias - 3 * std::log(2.0)).abs().lt(1e-9));
+      CHECK(young.min().item<int64_t>() > old.max().item<int64_t>());
+    }
   }
   // Over many seeds: `permutation` keeps every token half the time; the release's sign rule
   // (`signs`) does not — token 0 always draws +1 and the tokens after c fill in order.

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "kvlab/attention/metrics.h"
@@ -15,13 +16,15 @@
 #include "kvlab/replay/plan.h"
 #include "kvlab/replay/replay.h"
 #include "kvlab/replay/tables.h"
+#include "compress/compress_test_util.h"
 #include "test_util.h"
 
 using namespace kvlab;
 
 namespace {
 
-// One (sample, layer) unit built straight from synthetic tensors (no file needed).
+// One (sample, layer) unit built straight from synthetic tensors (no file needed): 2·n_q captured
+// queries, the first n_q the observation window, the last n_q the evaluation window.
 ReplayUnit synthetic_unit(const std::string& kind, int64_t n, int64_t n_q, uint64_t seed) {
   SyntheticSpec s;
   s.kind = kind;
@@ -29,17 +32,13 @@ ReplayUnit synthetic_unit(const std::string& kind, int64_t n, int64_t n_q, uint6
   s.n_kv_heads = 2;
   s.head_dim = 32;
   s.n_tokens = n;
-  s.n_q = n_q;
+  s.n_q = 2 * n_q;
   s.seed = seed;
   auto t = synthetic_layer(s, 0, 0);
-  ReplayUnit u;
-  u.layer = 0;
-  u.n_layers = 1;
-  u.q = t.q, u.k = t.k, u.v = t.v;
-  u.kv_heads = {0, 1};
-  u.ref = exact_reference(u.q, u.k, u.v);
-  u.probs = exact_attention_probs(u.q, u.k, true);
-  return u;
+  ReplayProtocol windows;
+  windows.eval_queries = "last:" + std::to_string(n_q);
+  windows.obs_queries = n_q;
+  return make_unit(t.q, t.k, t.v, windows);
 }
 
 // Methods that reach a budget by halving land on n >> T, not on an arbitrary budget.
@@ -161,6 +160,110 @@ TEST_CASE("replay rows: kept_fraction, mass_recall and per-head metrics agree wi
   ao.query_pos = at::arange(257 - 13, 257);
   auto z_direct = attention(qd, set, nullptr, ao);
   CHECK(test::max_rel_diff(out.z, z_direct, 1e-2) < 1e-4);
+}
+
+namespace {
+// Records what replay hands a compressor, then keeps everything.
+struct Recorder final : Compressor {
+  mutable LayerKV seen;
+  std::string name() const override { return "recorder"; }
+  nlohmann::json params() const override { return nlohmann::json::object(); }
+  CompressedKV compress(const LayerKV& kv, const CompressOptions&) const override {
+    seen = kv;
+    return keep_all(kv);
+  }
+};
+}  // namespace
+
+TEST_CASE("replay: no method receives a query it is judged on") {
+  const int64_t n = 300, n_q = 20;
+  auto u = synthetic_unit("heavy", n, n_q, 9);
+  for (int64_t keep_last : {0, 20, 50}) {
+    INFO("keep_last=" << keep_last);
+    ReplayProtocol p;
+    p.keep_first = 4;
+    p.keep_last = keep_last;
+    Recorder rec;
+    replay_attend(u, rec, Budget::of_ratio(0.5), 1, p);
+    const auto& kv = rec.seen;
+    // The observation window: the n_q positions just before the n_q evaluation positions.
+    REQUIRE(kv.queries.defined());
+    CHECK(kv.queries.equal(u.q_obs));
+    CHECK(kv.query_pos.equal(at::arange(n - 2 * n_q, n - n_q)));
+    CHECK(kv.query_pos.max().item<int64_t>() < n - n_q);
+    // No captured evaluation query is among them (compared row by row, every head).
+    for (int64_t j = 0; j < n_q; ++j)
+      for (int64_t i = 0; i < kv.queries.size(1); ++i)
+        CHECK_FALSE(kv.queries.select(1, i).equal(u.q.select(1, j)));
+    // The context for the scores' softmax: the exact sinks before the region, the tail after it.
+    CHECK(kv.prefix_keys.equal(u.k.narrow(1, 0, 4)));
+    CHECK(kv.suffix_keys.size(1) == std::max(keep_last, n_q));
+    CHECK(kv.pos0 == 4);
+  }
+  // Rows record both windows.
+  MethodSpec m;
+  m.name = "h2o";
+  m.compressor = make_compressor("h2o", {});
+  auto rows = replay_rows(u, "s", m, Budget::of_ratio(0.5), 1, ReplayProtocol{});
+  CHECK(rows[0]["eval_queries"] == nlohmann::json({n - n_q, n}));
+  CHECK(rows[0]["obs_queries"] == nlohmann::json({n - 2 * n_q, n - n_q}));
+  CHECK(rows[0]["n_obs"] == n_q);
+  // Too few captured queries for both windows: one error naming both flags.
+  ReplayProtocol greedy;
+  greedy.eval_queries = "last:30";
+  greedy.obs_queries = 20;
+  CHECK_THROWS_WITH_AS(split_queries(40, greedy, "cap.h5: sample 0"),
+                       doctest::Contains("--eval-queries last:30 and --obs-queries 20 need 50"), Error);
+}
+
+TEST_CASE("scores: a query's softmax runs over everything it sees, restricted to the region") {
+  // Naive loop: each query head's probabilities over prefix + region + suffix keys up to the
+  // query's position, summed over the KV group ("sum"), region columns kept.
+  auto t = test::make_kv("random", 40, 6, /*hq=*/4, /*hkv=*/2, /*d=*/8, /*seed=*/3);
+  const int64_t pre = 5, n = 25, suf = 10;  // keys 0..4 | 5..29 | 30..39
+  LayerKV kv;
+  kv.prefix_keys = t.keys.narrow(1, 0, pre);
+  kv.keys = t.keys.narrow(1, pre, n);
+  kv.values = t.values.narrow(1, pre, n);
+  kv.suffix_keys = t.keys.narrow(1, pre + n, suf);
+  kv.pos0 = pre;
+  kv.queries = t.queries;  // [4, 6, 8]
+  kv.query_pos = at::tensor(std::vector<int64_t>{7, 12, 29, 31, 35, 39});
+  auto got = group_attention_probs(kv, "sum").to(at::kDouble);  // [2, 6, 25]
+  auto K = t.keys.to(at::kDouble), Q = t.queries.to(at::kDouble);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 6; ++j) {
+      const int64_t qp = kv.query_pos[j].item<int64_t>();
+      std::vector<double> want(n, 0.0);
+      for (int64_t r = 0; r < 2; ++r) {
+        std::vector<double> e(qp + 1);
+        double z = 0;
+        for (int64_t i = 0; i <= qp; ++i)
+          z += e[i] = std::exp((Q[h * 2 + r][j] * K[h][i]).sum().item<double>() / std::sqrt(8.0));
+        for (int64_t i = pre; i < pre + n && i <= qp; ++i) want[i - pre] += e[i] / z;
+      }
+      for (int64_t i = 0; i < n; ++i) CHECK(got[h][j][i].item<double>() == doctest::Approx(want[i]).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("aggregates: rows away from their setting's memory by more than 1% are marked") {
+  nlohmann::json rows = nlohmann::json::array();
+  auto add = [&](const std::string& m, const std::string& setting, double kf) {
+    rows.push_back({{"method", m}, {"setting", setting}, {"params", {}}, {"layer", 0}, {"seed", 1},
+                    {"rel_err", 0.1}, {"kept_fraction", kf}});
+  };
+  add("a", "ratio=0.2", 0.249), add("b", "ratio=0.2", 0.250), add("c", "ratio=0.2", 0.179);
+  add("d", "ratio=0.2", 0.2515);  // within 1% of the median 0.2495
+  add("a", "ratio=0.5", 0.5);     // alone in its setting
+  auto agg = replay_aggregates(rows);
+  std::map<std::string, std::string> mark;
+  for (const auto& r : agg["overall"]) mark[r["method"].get<std::string>() + "@" + r["setting"].get<std::string>()] = r["mem"];
+  CHECK(mark["a@ratio=0.2"] == "");
+  CHECK(mark["b@ratio=0.2"] == "");
+  CHECK(mark["d@ratio=0.2"] == "");
+  CHECK(mark["c@ratio=0.2"] == "*");
+  CHECK(mark["a@ratio=0.5"] == "");
+  CHECK(render_replay_table(agg["overall"]).find("not at equal memory") != std::string::npos);
 }
 
 TEST_CASE("aggregates: mean and std over per-seed means") {

@@ -30,9 +30,11 @@
 //   value_offset     [0.025] the release's constant added to ⟨ṽ_i,ṽ_j⟩
 //   release_weights  [false] see Estimator
 //
-// Budget. A budget of T halvings is used as T. Given a budget instead, T is the smallest number of
-// halvings with ⌊n/2^T⌋ ≤ budget: the method never exceeds the budget and hits it exactly when the
-// budget is n/2^T (the protocol's --T); between powers of two it keeps up to half the budget less.
+// Budget. A budget of T halvings is used as T. Given a ratio or an entry count B instead, T is the
+// smallest number of halvings with ⌊n/2^T⌋ ≤ B; when ⌊n/2^T⌋ < B (B between powers of two), the
+// first T − 1 halvings run over every token and the last one over the oldest 2(m − B) of the m
+// survivors only, so the head holds exactly B entries: methods are compared at equal memory. (A
+// deviation: the paper compresses by 2^T only. The younger survivors keep weight 2^(T−1).)
 // Halving stops when one token is left (⌊1/2⌋ = 0 would empty the head). T = 0 is the exact cache.
 //
 // Deviations:
@@ -192,24 +194,43 @@ class BalanceKV final : public Compressor {
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens();
     int T = default_T_;
+    int64_t target = -1;  // a budget strictly between ⌊n/2^T⌋ and ⌊n/2^(T-1)⌋ (see "Budget")
     if (opt.budget.is_halvings()) {
       T = opt.budget.halvings;
     } else if (opt.budget.is_set()) {
       const int64_t budget = resolve_budget(opt, n);
       T = 0;
       while ((n >> T) > budget && T < 62) ++T;
+      if (T > 0 && (n >> T) < budget) target = budget;
     }
     if (T == 0 || n < 2) return keep_all(kv);
-    balancekv::HalvingOptions ho = hopt_;
-    ho.halvings = T;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(opt.seed);
+    balancekv::HalvingOptions ho = hopt_;
+    ho.halvings = target < 0 ? T : T - 1;
     balancekv::HalvingResult r = balancekv::halve(kv.keys, kv.values, ho, gen);
-    CompressedKV out = gather_kept(kv, r.idx.to(kv.keys.device()));
+    at::Tensor idx = r.idx, weight = r.weight;                               // [H, m] (CPU)
+    const int64_t m = idx.size(1);
+    if (target >= 0 && m > target) {
+      // The last halving runs over the oldest 2(m - target) survivors only: m - target of them
+      // stay, with the m - 2(m - target) younger survivors the head holds exactly `target`.
+      const int64_t m_sub = 2 * (m - target);
+      auto sub_idx = idx.narrow(1, 0, m_sub), sub_w = weight.narrow(1, 0, m_sub);  // [H, m_sub]
+      auto gi = sub_idx.to(kv.keys.device()).unsqueeze(-1);
+      auto k = kv.keys.gather(1, gi.expand({kv.n_kv_heads(), m_sub, kv.keys.size(2)}));
+      auto v = kv.values.gather(1, gi.expand({kv.n_kv_heads(), m_sub, kv.values.size(2)})) *
+               sub_w.to(kv.values.options()).unsqueeze(-1);                // ṽ = value × weight
+      ho.halvings = 1;
+      balancekv::HalvingResult last = balancekv::halve(k, v, ho, gen);      // [H, m - target]
+      idx = at::cat({sub_idx.gather(1, last.idx), idx.narrow(1, m_sub, m - m_sub)}, 1);
+      weight = at::cat({sub_w.gather(1, last.idx) * last.weight, weight.narrow(1, m_sub, m - m_sub)}, 1);
+      r.rounds += last.rounds;
+    }
+    CompressedKV out = gather_kept(kv, idx.to(kv.keys.device()));
     if (!release_weights_) {
-      out.bias = r.weight.log().to(kv.keys.options());                       // [H, m] log w
+      out.bias = weight.log().to(kv.keys.options());                         // [H, m] log w
     } else {
       const double two_t = std::ldexp(1.0, r.rounds);
-      out.values = out.values * (r.weight / two_t).to(kv.values.options()).unsqueeze(-1);
+      out.values = out.values * (weight / two_t).to(kv.values.options()).unsqueeze(-1);
       out.bias = at::full_like(out.bias, std::log(two_t));                   // [H, m] log 2^T
     }
     return out;

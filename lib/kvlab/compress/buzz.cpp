@@ -45,7 +45,7 @@
 // - Scores in replay. Accumulated attention needs every streamed query; replay has only the
 //   captured queries (`kv.queries`, e.g. the last 256 positions). The score of key i is the sum over
 //   the available queries j with pos_j >= pos0 + i (causal) of their post-softmax attention on i,
-//   softmax taken over the region, summed over the KV group's query heads (`gqa_reduce`, default
+//   softmax taken over every key the query sees (sinks + region + tail), summed over the KV group's query heads (`gqa_reduce`, default
 //   sum as in the official code; mean gives the same argmax). The region is appended as one
 //   prefill block, as the official code does (it passes the whole prompt in one forward call);
 //   the official code then evicts once per call, kvlab repeats as Remark 2 and METHODS.md say.

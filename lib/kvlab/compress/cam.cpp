@@ -36,8 +36,8 @@
 //     A_e > 0, else 0.
 //   - kept_idx is defined (keys are kept one to one) though the values are merged: mass_recall is
 //     meaningful for CaM's keys; the values at kept_idx are not the original ones.
-//   - The softmax of a query runs over the region's keys only (as in h2o); the official code is
-//     MHA, kvlab handles GQA by group reduction.
+//   - A query's softmax runs over every key it sees (sinks + region + tail up to its position,
+//     as in h2o); the official code is MHA, kvlab handles GQA by group reduction.
 //   - Randomness: std::mt19937_64 seeded with opt.seed, one stream over KV heads in order, one
 //     draw per eviction.
 #include "kvlab/compress/cam.h"

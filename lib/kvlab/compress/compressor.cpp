@@ -57,15 +57,25 @@ at::Tensor group_attention_probs(const LayerKV& kv, const std::string& reduce) {
               "this method scores keys with queries, but the region came with none");
   const int64_t h_kv = kv.n_kv_heads(), h_q = kv.queries.size(0), n_obs = kv.queries.size(1);
   const int64_t n = kv.n_tokens(), d = kv.keys.size(2), g = h_q / h_kv;
+  const int64_t n_pre = kv.prefix_keys.defined() ? kv.prefix_keys.size(1) : 0;
+  const int64_t n_suf = kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0;
+  KVLAB_CHECK(n_pre == 0 || n_pre == kv.pos0, "prefix_keys hold {} positions, but the region starts at {}",
+              n_pre, kv.pos0);
+  std::vector<at::Tensor> parts;
+  if (n_pre) parts.push_back(kv.prefix_keys.to(kv.keys.scalar_type()));
+  parts.push_back(kv.keys);
+  if (n_suf) parts.push_back(kv.suffix_keys.to(kv.keys.scalar_type()));
+  auto keys = parts.size() == 1 ? kv.keys : at::cat(parts, 1);           // [Hkv, n_all, d]
+  const int64_t n_all = keys.size(1), first = kv.pos0 - n_pre;          // position of keys[:, 0]
   auto qg = kv.queries.to(kv.keys.scalar_type()).reshape({h_kv, g, n_obs, d});
-  auto s = at::matmul(qg, kv.keys.unsqueeze(1).transpose(2, 3)) /
-           std::sqrt(static_cast<double>(d));                            // [Hkv, g, n_obs, n]
+  auto s = at::matmul(qg, keys.unsqueeze(1).transpose(2, 3)) /
+           std::sqrt(static_cast<double>(d));                            // [Hkv, g, n_obs, n_all]
   if (kv.query_pos.defined()) {
-    auto kp = at::arange(kv.pos0, kv.pos0 + n, kv.query_pos.options()).view({1, 1, 1, n});
+    auto kp = at::arange(first, first + n_all, kv.query_pos.options()).view({1, 1, 1, n_all});
     s = s.masked_fill(kp > kv.query_pos.view({1, 1, n_obs, 1}),
                       -std::numeric_limits<double>::infinity());
   }
-  auto p = at::softmax(s, -1).nan_to_num(0.0);                           // [Hkv, g, n_obs, n]
+  auto p = at::softmax(s, -1).nan_to_num(0.0).narrow(3, n_pre, n);     // [Hkv, g, n_obs, n]
   if (reduce == "mean") return p.mean(1);
   if (reduce == "sum") return p.sum(1);
   if (reduce == "max") return std::get<0>(p.max(1));

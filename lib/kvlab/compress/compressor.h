@@ -30,6 +30,11 @@ struct LayerKV {
   at::Tensor queries;    // [n_q_heads, n_obs, head_dim] queries a method may score with; n_obs may be 0
   at::Tensor query_pos;  // [n_obs] int64 absolute positions of `queries`
   int64_t pos0 = 0;      // absolute position of keys[:, 0]; key i sits at pos0 + i
+  // The rest of the cache the queries see, kept exact outside the region: scores are attention
+  // probabilities over everything a query can see (prefix + region + suffix up to its position),
+  // restricted to the region afterwards. Undefined = nothing outside the region.
+  at::Tensor prefix_keys;  // [n_kv_heads, pos0, head_dim] at positions 0 .. pos0-1 (the sinks)
+  at::Tensor suffix_keys;  // [n_kv_heads, m, head_dim] at positions pos0+n .. pos0+n+m-1
   int layer = 0;         // 0-based layer index (PyramidKV's per-layer budgets)
   int n_layers = 1;
 
@@ -84,9 +89,10 @@ int64_t resolve_budget(const CompressOptions& opt, int64_t n);
 CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx);
 // The identity: every entry kept, bias 0.
 CompressedKV keep_all(const LayerKV& kv);
-// Attention scores the query heads of each KV group put on each key:
-// post-softmax probabilities [n_kv_heads, n_obs, n], reduced over the group by `reduce`
-// ("mean" | "max" | "sum"); causal against query_pos when given.
+// Attention scores the query heads of each KV group put on each region key: post-softmax
+// probabilities over every key a query sees (prefix_keys + region + suffix_keys, causal against
+// query_pos when given), restricted to the region: [n_kv_heads, n_obs, n], reduced over the group
+// by `reduce` ("mean" | "max" | "sum"). Rows need not sum to 1 (mass on the sinks and tail is left out).
 at::Tensor group_attention_probs(const LayerKV& kv, const std::string& reduce);
 
 // Parameter parsing with the parameter's name in every error.

@@ -34,9 +34,10 @@
 //   mode [prefill]       prefill | stream
 //
 // Deviations:
-//   - The softmax of a query runs over the region's keys only: harness-kept sinks/windows
-//     (--keep-first/--keep-last) and keys outside the region are not in its denominator. This
-//     rescales each query's contribution, which can change the ranking slightly.
+//   - A query's softmax runs over every key it sees, as in the model: the harness-kept sinks
+//     (LayerKV::prefix_keys), the region and the exact tail up to its position (suffix_keys); the
+//     scores are those probabilities restricted to the region. In mode=stream the held tokens
+//     and the sinks form the denominator (a region query sees no tail key).
 //   - GQA: the official code is MHA; kvlab scores per KV head with the group reduced by
 //     gqa_reduce (per query, before summing over queries).
 //   - mode=stream with queries only at the end of the prompt: tokens before the first query have
@@ -173,6 +174,9 @@ class H2O final : public Compressor {
     KVLAB_CHECK(sub.query_pos.defined(),
                 "h2o: mode=stream needs the positions of the queries (kv.query_pos)");
     auto keys = sub.keys.to(at::kCPU, at::kDouble).contiguous();          // [Hkv, n, d]
+    // The exact prefix (sinks) is in every query's softmax, never in the cache H2O manages.
+    const int64_t n_pre = sub.prefix_keys.defined() ? sub.prefix_keys.size(1) : 0;
+    auto pre = n_pre ? sub.prefix_keys.to(at::kCPU, at::kDouble).contiguous() : at::Tensor();  // [Hkv, n_pre, d]
     auto qs = sub.queries.to(at::kCPU, at::kDouble).contiguous();         // [Hq, n_obs, d]
     auto qpos = sub.query_pos.to(at::kCPU, at::kLong).contiguous();       // [n_obs]
     const double* K = keys.data_ptr<double>();
@@ -198,17 +202,18 @@ class H2O final : public Compressor {
           probs.assign(m, 0.0);
           for (int64_t r = 0; r < g; ++r) {
             const double* q = Q + ((h * g + r) * n_obs + j) * d;
-            logits.resize(m);
+            logits.resize(m + static_cast<size_t>(n_pre));  // held tokens, then the prefix
             double mx = -INFINITY;
-            for (size_t i = 0; i < m; ++i) {
-              const double* k = K + (h * n + held[i]) * d;
+            for (size_t i = 0; i < logits.size(); ++i) {
+              const double* k = i < m ? K + (h * n + held[i]) * d
+                                      : pre.data_ptr<double>() + (h * n_pre + int64_t(i - m)) * d;
               double s = 0;
               for (int64_t c = 0; c < d; ++c) s += q[c] * k[c];
               logits[i] = s * scale;
               mx = std::max(mx, logits[i]);
             }
             double z = 0;
-            for (size_t i = 0; i < m; ++i) z += (logits[i] = std::exp(logits[i] - mx));
+            for (size_t i = 0; i < logits.size(); ++i) z += (logits[i] = std::exp(logits[i] - mx));
             for (size_t i = 0; i < m; ++i) {
               const double p = logits[i] / z;
               if (use_max) probs[i] = std::max(probs[i], p);

@@ -21,7 +21,8 @@
 //     the queries may lie after the region (e.g. behind --keep-last, which keeps them exactly);
 //     then no region key is in the window and the whole budget goes to the top-scoring keys.
 //     If more window keys lie in the region than the budget, the most recent `budget` are kept.
-//   - The softmax runs over the region's keys only (harness-kept sinks/windows are not in it).
+//   - The softmax runs over every key a window query sees (sinks + region + tail up to its
+//     position), as SnapKV's own prefill attention does; the scores are its region columns.
 //   - GQA: the official code repeats K/V per query head; kvlab selects per KV head on the group's
 //     reduced attention (kvpress's choice).
 //   - Top-k ties go to the lower index (torch.topk leaves them unspecified).

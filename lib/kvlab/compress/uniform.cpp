@@ -22,8 +22,10 @@
 //   uniform-halving:  selection [signs] signs | permutation
 //
 // Deviations:
-//   - uniform-halving: when the call gives a ratio or an entry count instead of T halvings, T is the smallest
-//     number of halvings with ⌊n/2^T⌋ <= budget (never over the budget; up to half of it under).
+//   - uniform-halving: when the call gives a ratio or an entry count B instead of T halvings, T is
+//     the smallest number of halvings with ⌊n/2^T⌋ <= B; when ⌊n/2^T⌋ < B, the last round halves
+//     only the oldest 2(m - B) of the m survivors, so the head holds exactly B entries (equal
+//     memory with the other methods); each entry's bias is log 2 times the rounds it went through.
 //   - uniform-halving stops early when one token is left (⌊1/2⌋ = 0 would empty the head); its bias
 //     is then log 2 times the rounds actually done.
 //   - The release weights tokens kept from after c by ×1 and the minority before c by ×2; as
@@ -135,33 +137,46 @@ class UniformHalving final : public Compressor {
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     int halvings = opt.budget.is_halvings() ? opt.budget.halvings : -1;
+    int64_t target = -1;  // a budget strictly between ⌊n/2^T⌋ and ⌊n/2^(T-1)⌋: a partial last round
     if (halvings < 0) {
       const int64_t b = resolve_budget(opt, n);
       halvings = 0;
       while ((n >> halvings) > b) ++halvings;
+      if (halvings > 0 && (n >> halvings) < b) target = b;
     }
     if (halvings == 0 || n < 2) return keep_all(kv);
     std::mt19937_64 gen(opt.seed);
     std::vector<std::vector<int64_t>> rows;
-    int rounds = 0;
+    std::vector<std::vector<double>> log_w;  // per kept entry: (halvings it went through) · log 2
     for (int64_t h = 0; h < h_kv; ++h) {
       std::vector<int64_t> alive(static_cast<size_t>(n));                // region indices
       std::iota(alive.begin(), alive.end(), 0);
-      rounds = 0;
-      for (int t = 0; t < halvings && alive.size() >= 2; ++t, ++rounds) {
+      std::vector<double> lw(static_cast<size_t>(n), 0.0);
+      for (int t = 0; t < halvings && alive.size() >= 2; ++t) {
         const int64_t m = static_cast<int64_t>(alive.size());
-        std::vector<int64_t> pick = selection_ == "signs" ? halve_by_signs(m, gen)
-                                                          : random_subset(m, m / 2, gen);
+        // The last round of a partial budget halves only the oldest 2(m - target) survivors.
+        const bool partial = t == halvings - 1 && target >= 0;
+        const int64_t m_sub = partial ? std::min<int64_t>(m, 2 * std::max<int64_t>(0, m - target)) : m;
+        if (m_sub < 2) break;
+        std::vector<int64_t> pick = selection_ == "signs" ? halve_by_signs(m_sub, gen)
+                                                          : random_subset(m_sub, m_sub / 2, gen);
         std::vector<int64_t> next;
-        next.reserve(pick.size());
-        for (int64_t j : pick) next.push_back(alive[j]);
+        std::vector<double> next_w;
+        for (int64_t j : pick) next.push_back(alive[j]), next_w.push_back(lw[j] + std::log(2.0));
+        for (int64_t j = m_sub; j < m; ++j) next.push_back(alive[j]), next_w.push_back(lw[j]);
         alive.swap(next);
+        lw.swap(next_w);
       }
       rows.push_back(std::move(alive));
+      log_w.push_back(std::move(lw));
     }
-    auto idx = detail::pad_index_rows(rows).to(kv.keys.device());        // [Hkv, ⌊n/2^T⌋]
+    auto idx = detail::pad_index_rows(rows).to(kv.keys.device());        // [Hkv, m]
     CompressedKV out = gather_kept(kv, idx);
-    out.bias.fill_(rounds * std::log(2.0));
+    auto bias = out.bias.to(at::kCPU, at::kDouble).contiguous();           // [Hkv, m]: 0 or -inf
+    auto ba = bias.accessor<double, 2>();
+    for (int64_t h = 0; h < h_kv; ++h)
+      for (size_t j = 0; j < log_w[h].size(); ++j) ba[h][j] = log_w[h][j];
+    out.bias = bias.to(out.bias.options());
     return out;
   }
 

@@ -16,35 +16,55 @@ const std::vector<std::string>& replay_metric_names() {
   return names;
 }
 
-ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p) {
+QueryWindows split_queries(int64_t n_captured, const ReplayProtocol& p, const std::string& where) {
+  check_queries_spec(p.eval_queries, "--eval-queries");
+  KVLAB_CHECK(p.obs_queries >= 0, "--obs-queries must be >= 0, got {}", p.obs_queries);
+  QueryWindows w;
+  w.n_eval = p.eval_queries == "all" ? n_captured - p.obs_queries : std::stoll(p.eval_queries.substr(5));
+  w.n_obs = p.obs_queries;
+  KVLAB_CHECK(w.n_eval >= 1 && w.n_eval + w.n_obs <= n_captured,
+              "{}: {} queries were captured, but --eval-queries {} and --obs-queries {} need {}; capture more "
+              "(kvlab dump --queries last:{}) or lower --obs-queries (0 = no method may score with queries)",
+              where, n_captured, p.eval_queries, p.obs_queries,
+              p.eval_queries == "all" ? fmt::format("more than {}", p.obs_queries) : fmt::format("{}", w.n_eval + w.n_obs),
+              std::max<int64_t>(w.n_eval, 1) + w.n_obs);
+  return w;
+}
+
+ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Tensor& v, const ReplayProtocol& p,
+                     const std::string& where) {
+  const auto w = split_queries(q_all.size(1), p, where);
+  const int64_t n_all = q_all.size(1);
+  at::Device dev(p.device);
   ReplayUnit u;
+  u.q = q_all.narrow(1, n_all - w.n_eval, w.n_eval).to(dev).contiguous();                  // [Hq, n_eval, d]
+  u.q_obs = q_all.narrow(1, n_all - w.n_eval - w.n_obs, w.n_obs).to(dev).contiguous();     // [Hq, n_obs, d]
+  u.k = k.to(dev).contiguous();                                                              // [Hkv, n, d]
+  u.v = v.to(dev).contiguous();
+  for (int h = 0; h < k.size(0); ++h) u.kv_heads.push_back(h);
+  u.ref = exact_reference(u.q, u.k, u.v);
+  u.probs = exact_attention_probs(u.q, u.k, /*causal=*/true);
+  return u;
+}
+
+ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p) {
+  auto qkv = cap.read_layer(sample, layer);
+  at::Tensor q = qkv.q, k = qkv.k, v = qkv.v;  // [Hq, n_captured, d], [Hkv, n, d]
+  const int h_kv = cap.meta().n_kv_heads, g = cap.meta().n_q_heads / h_kv;
+  std::vector<int> heads = p.kv_heads;
+  if (!heads.empty() && static_cast<int>(heads.size()) != h_kv) {
+    std::vector<int64_t> kv(heads.begin(), heads.end()), qh;
+    for (int h : heads)
+      for (int j = 0; j < g; ++j) qh.push_back(int64_t(h) * g + j);
+    k = k.index_select(0, at::tensor(kv));
+    v = v.index_select(0, at::tensor(kv));
+    q = q.index_select(0, at::tensor(qh));
+  }
+  ReplayUnit u = make_unit(q, k, v, p, fmt::format("{}: sample {}", cap.path(), sample));
+  if (!heads.empty()) u.kv_heads = heads;
   u.sample = sample;
   u.layer = layer;
   u.n_layers = cap.meta().n_layers;
-  auto qkv = cap.read_layer(sample, layer);
-  const int64_t n_q_all = qkv.q.size(1);
-  const int64_t n_q = parse_queries_spec(p.queries, n_q_all, "--queries");
-  at::Device dev(p.device);
-  u.q = qkv.q.narrow(1, n_q_all - n_q, n_q);                       // [Hq, n_q, d]
-  u.k = qkv.k;                                                      // [Hkv, n, d]
-  u.v = qkv.v;
-  const int h_kv = cap.meta().n_kv_heads, g = cap.meta().n_q_heads / h_kv;
-  u.kv_heads = p.kv_heads;
-  if (u.kv_heads.empty())
-    for (int h = 0; h < h_kv; ++h) u.kv_heads.push_back(h);
-  if (static_cast<int>(u.kv_heads.size()) != h_kv) {
-    std::vector<int64_t> kv(u.kv_heads.begin(), u.kv_heads.end()), qh;
-    for (int h : u.kv_heads)
-      for (int j = 0; j < g; ++j) qh.push_back(int64_t(h) * g + j);
-    u.k = u.k.index_select(0, at::tensor(kv));
-    u.v = u.v.index_select(0, at::tensor(kv));
-    u.q = u.q.index_select(0, at::tensor(qh));
-  }
-  u.q = u.q.to(dev).contiguous();
-  u.k = u.k.to(dev).contiguous();
-  u.v = u.v.to(dev).contiguous();
-  u.ref = exact_reference(u.q, u.k, u.v);
-  u.probs = exact_attention_probs(u.q, u.k, /*causal=*/true);
   return u;
 }
 
@@ -78,7 +98,7 @@ KVSet assemble(const at::Tensor& k, const at::Tensor& v, int64_t region_begin, i
 
 ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budget& b, uint64_t seed,
                            const ReplayProtocol& p) {
-  const int64_t n = u.k.size(1), n_q = u.q.size(1);
+  const int64_t n = u.k.size(1), n_q = u.q.size(1), n_obs = u.q_obs.defined() ? u.q_obs.size(1) : 0;
   const int64_t tail = std::min(n, std::max<int64_t>(p.keep_last, n_q));
   const int64_t region_begin = std::min(p.keep_first, n - tail);
   const int64_t region_end = n - tail;
@@ -86,9 +106,12 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   LayerKV region;
   region.keys = u.k.narrow(1, region_begin, region_end - region_begin);     // [Hkv, r, d]
   region.values = u.v.narrow(1, region_begin, region_end - region_begin);
-  region.queries = u.q;                                                      // [Hq, n_q, d]
-  region.query_pos = positions(n - n_q, n, u.k);                             // [n_q]
+  // Only the observation window: no method sees a query it is judged on.
+  region.queries = n_obs ? u.q_obs : at::Tensor();                           // [Hq, n_obs, d]
+  region.query_pos = n_obs ? positions(n - n_q - n_obs, n - n_q, u.k) : at::Tensor();  // [n_obs]
   region.pos0 = region_begin;
+  region.prefix_keys = u.k.narrow(1, 0, region_begin);                       // [Hkv, region_begin, d]
+  region.suffix_keys = u.k.narrow(1, region_end, n - region_end);            // [Hkv, tail, d]
   region.layer = u.layer;
   region.n_layers = u.n_layers;
 
@@ -111,7 +134,7 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
 
   KVSet num = assemble(u.k, u.v, region_begin, region_end, cr.keys, cr.values, cr.bias);
   AttentionOptions ao;
-  ao.query_pos = region.query_pos;
+  ao.query_pos = positions(n - n_q, n, u.k);                                // the evaluation queries
   ao.logit_scale = cr.logit_scale;
   if (cr.has_separate_den()) {
     KVSet den = assemble(u.k, u.v, region_begin, region_end, cr.den_keys, at::Tensor(), cr.den_bias);
@@ -126,6 +149,7 @@ nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, co
                            const Budget& b, uint64_t seed, const ReplayProtocol& p) {
   auto out = replay_attend(u, *m.compressor, b, seed, p);
   const int64_t n = u.k.size(1), h_kv = u.k.size(0), g = u.q.size(0) / h_kv;
+  const int64_t n_obs = u.q_obs.defined() ? u.q_obs.size(1) : 0;
   const int64_t region = out.region_end - out.region_begin;
   const int64_t exact_entries = n - region;
   const auto& cr = out.region;
@@ -168,6 +192,9 @@ nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, co
                           {"seed", seed},
                           {"n_tokens", n},
                           {"n_q", u.q.size(1)},
+                          {"n_obs", n_obs},
+                          {"eval_queries", {n - u.q.size(1), n}},
+                          {"obs_queries", {n - u.q.size(1) - n_obs, n - u.q.size(1)}},
                           {"region_tokens", region},
                           {"kept_entries", kept},
                           {"kept_fraction", (kept + double(exact_entries)) / double(n)},

@@ -1,13 +1,24 @@
-// The replay protocol (METHODS.md §4, issue 4): for one (sample, layer) of a capture, compress the
-// cache of the prefix every captured query may see, attend with the compressed cache, and measure
-// the §2 metrics against exact attention.
+// The replay protocol (METHODS.md §4): for one (sample, layer) of a capture, compress the cache of
+// the prefix every evaluation query may see, attend with the compressed cache, and measure the §2
+// metrics against exact attention.
 //
-// Regions of one sample's n tokens, for captured queries at positions [n - n_q, n):
+// The judge is not the witness. A sample's captured queries sit at its last positions; they are
+// split into two windows, every observation position before every evaluation position:
+//   evaluation  [n - n_eval, n)                  --eval-queries last:N: the queries the metrics use
+//   observation [n - n_eval - n_obs, n - n_eval) --obs-queries N: the only queries a method may score
+//                                                keys with (h2o, snapkv, pyramidkv, cam, buzz), as in
+//                                                the papers, where prompt queries select and later
+//                                                tokens judge
+// (`kvlab dump --queries last:512` captures both windows for the defaults 256 + 256.)
+//
+// Regions of one sample's n tokens:
 //   [0, keep_first)                 exact (sinks; bias 0)
 //   [keep_first, n - tail)          the compressible region, compressed once for all queries
-//   [n - tail, n)                   exact, causal, with tail = max(keep_last, n_q)
-// Every query sits in the exact tail, so each sees the whole compressed region plus the exact
-// tail up to its own position: the shared prefix is compressed once, the per-query part is exact.
+//   [n - tail, n)                   exact, causal, with tail = max(keep_last, n_eval)
+// Every evaluation query sits in the exact tail, so each sees the whole compressed region plus the
+// exact tail up to its own position: the shared prefix is compressed once, the per-query part is
+// exact. A method's scores are each observation query's attention probabilities over everything
+// it sees (sinks + region + tail up to its position), restricted to the region.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -32,32 +43,48 @@ struct MethodSpec {
 struct ReplayProtocol {
   int64_t keep_first = 0;
   int64_t keep_last = 0;
-  std::string queries = "all";  // "all" or "last:N" of the captured queries
-  std::vector<int> kv_heads;    // empty = all
+  std::string eval_queries = "last:256";  // evaluation window: "all" | "last:N" of the captured queries
+  int64_t obs_queries = 256;              // observation window: the N captured queries just before it
+  std::vector<int> kv_heads;              // empty = all
   std::string device = "cpu";
 };
+
+// The two windows for a sample with `n_captured` captured queries; an error naming --eval-queries
+// and --obs-queries when they need more queries than were captured (`where` names the sample).
+struct QueryWindows {
+  int64_t n_eval = 0, n_obs = 0;
+};
+QueryWindows split_queries(int64_t n_captured, const ReplayProtocol& p, const std::string& where);
 
 // One (sample, layer) of a capture, loaded and with its exact reference computed once.
 struct ReplayUnit {
   int64_t sample = 0;
   int layer = 0;
   int n_layers = 1;
-  at::Tensor q, k, v;          // [Hq, n_q, d], [Hkv, n, d] float32 on the device
+  at::Tensor q;                // [Hq, n_eval, d] evaluation queries, positions [n - n_eval, n)
+  at::Tensor q_obs;            // [Hq, n_obs, d] observation queries, positions [n - n_eval - n_obs,
+                               //   n - n_eval); n_obs may be 0
+  at::Tensor k, v;             // [Hkv, n, d] float32 on the device
   std::vector<int> kv_heads;   // original KV head index of each row of k / v
   ExactReference ref;          // double
   at::Tensor probs;            // [Hq, n_q, n] exact probabilities (float32), for mass_recall
 };
 
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p);
+// The same from tensors: q_all [Hq, n_captured, d] the queries of the last n_captured positions,
+// k, v [Hkv, n, d]; split into the two windows, moved to p.device, exact reference computed.
+ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Tensor& v,
+                     const ReplayProtocol& p, const std::string& where = "replay");
 
 // Compress + attend + measure for every KV head of the unit: one row per KV head.
-// Row keys: sample, sample_id, layer, head, method, params, ratio|budget|T, seed, n_tokens,
-// region_tokens, budget_entries, kept_entries, kept_fraction, rel_err, bound_ratio_F,
+// Row keys: sample, sample_id, layer, head, method, params, ratio|budget|T, seed, n_tokens, n_q
+// (evaluation queries), n_obs, eval_queries and obs_queries ([begin, end) positions),
+// region_tokens, kept_entries, kept_fraction, rel_err, bound_ratio_F,
 // bound_ratio_op, cosine, rel_err_clamped, mass_recall (selection methods), compress_ms.
 nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
                            const Budget& b, uint64_t seed, const ReplayProtocol& p);
 
-// The approximate output for the unit (exposed for tests): z [Hq, n_q, d] and the compressed region.
+// The approximate output for the unit (exposed for tests): z [Hq, n_eval, d] and the compressed region.
 struct ReplayOutput {
   at::Tensor z;
   CompressedKV region;

@@ -1,33 +1,79 @@
 #include "kvlab/replay/tables.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
 #include "kvlab/core/aggregate.h"
 #include "kvlab/replay/replay.h"
 
 namespace kvlab {
 
+namespace {
+
+// Marks every aggregate row whose kept_fraction differs by more than 1% (relative) from the
+// median kept_fraction of the rows of its setting (and layer): "mem" = "*", else "".
+void mark_unequal_memory(nlohmann::json& agg, bool per_layer) {
+  std::map<std::string, std::vector<double>> peers;
+  auto group = [&](const nlohmann::json& r) {
+    return r.value("setting", "") + (per_layer ? "|" + r.value("layer", nlohmann::json()).dump() : "");
+  };
+  for (const auto& r : agg)
+    if (r.contains("kept_fraction") && r["kept_fraction"].is_number())
+      peers[group(r)].push_back(r["kept_fraction"].get<double>());
+  for (auto& [key, v] : peers) std::sort(v.begin(), v.end());
+  for (auto& r : agg) {
+    r["mem"] = "";
+    if (!r.contains("kept_fraction") || !r["kept_fraction"].is_number()) continue;
+    const auto& v = peers[group(r)];
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    if (std::abs(r["kept_fraction"].get<double>() - median) > kEqualMemoryTolerance * median) r["mem"] = "*";
+  }
+}
+
+}  // namespace
+
 nlohmann::json replay_aggregates(const nlohmann::json& rows) {
   const auto& metrics = replay_metric_names();
-  return {{"per_layer", aggregate_over_seeds(rows, {"method", "setting", "params", "layer"}, metrics)},
-          {"overall", aggregate_over_seeds(rows, {"method", "setting", "params"}, metrics)}};
+  auto per_layer = aggregate_over_seeds(rows, {"method", "setting", "params", "layer"}, metrics);
+  auto overall = aggregate_over_seeds(rows, {"method", "setting", "params"}, metrics);
+  mark_unequal_memory(per_layer, true);
+  mark_unequal_memory(overall, false);
+  return {{"per_layer", per_layer}, {"overall", overall}};
 }
 
 namespace {
 const std::vector<std::string>& table_columns(bool per_layer) {
-  static const std::vector<std::string> overall = {"method", "setting", "kept_fraction", "rel_err", "rel_err_std",
+  static const std::vector<std::string> overall = {"method", "setting", "kept_fraction", "mem", "rel_err", "rel_err_std",
                                                    "bound_ratio_F", "cosine", "mass_recall", "n_seeds"};
-  static const std::vector<std::string> layer = {"method", "setting", "layer", "kept_fraction", "rel_err",
+  static const std::vector<std::string> layer = {"method", "setting", "layer", "kept_fraction", "mem", "rel_err",
                                                  "rel_err_std", "bound_ratio_F", "cosine", "mass_recall", "n_seeds"};
   return per_layer ? layer : overall;
 }
+
+// The footnote of every table that has a marked row.
+std::string memory_note(const nlohmann::json& agg) {
+  for (const auto& r : agg)
+    if (r.value("mem", "") == "*")
+      return fmt::format("mem *: kept_fraction differs by more than {:.0f}% from the median of its setting: "
+                         "not at equal memory with the other rows\n", 100 * kEqualMemoryTolerance);
+  return "";
+}
+
 }  // namespace
 
 void write_replay_tables(const RunDir& run, const nlohmann::json& aggregates) {
   write_text_atomic(run.file("aggregate_overall.csv"), render_csv(aggregates["overall"], table_columns(false)));
   write_text_atomic(run.file("aggregate_per_layer.csv"), render_csv(aggregates["per_layer"], table_columns(true)));
-  write_text_atomic(run.file("summary.txt"), render_table(aggregates["overall"], table_columns(false)) + "\n" +
-                                                 render_table(aggregates["per_layer"], table_columns(true)));
+  write_text_atomic(run.file("summary.txt"), render_replay_table(aggregates["overall"]) + "\n" +
+                                                 render_table(aggregates["per_layer"], table_columns(true)) +
+                                                 memory_note(aggregates["per_layer"]));
 }
 
-std::string render_replay_table(const nlohmann::json& overall) { return render_table(overall, table_columns(false)); }
+std::string render_replay_table(const nlohmann::json& overall) {
+  return render_table(overall, table_columns(false)) + memory_note(overall);
+}
 
 }  // namespace kvlab

@@ -10,6 +10,10 @@
 
 namespace kvlab {
 
+// Rows whose kept_fraction differs from the median of their setting by more than this (relative)
+// are marked "mem": "*" in the aggregates and the tables: not compared at equal memory.
+constexpr double kEqualMemoryTolerance = 0.01;
+
 // {"per_layer": [...], "overall": [...]}: mean ± std over seeds of every metric.
 nlohmann::json replay_aggregates(const nlohmann::json& rows);
 void write_replay_tables(const RunDir& run, const nlohmann::json& aggregates);
