@@ -51,6 +51,40 @@ double brute_force_max(int two_n, const std::vector<double>& f) {
 
 TEST_SUITE("chelsea") {
 
+TEST_CASE("chelsea_edges equals a naive loop: A = even, B = odd local index, cosine similarity") {
+  // n1 = 3 sinks, n2 = 4 recent, chunks of 7 over the 43 compressible entries: six full chunks
+  // and a 1-entry tail whose lone A entry has no partner. Key norms vary, so a dot product would
+  // pick other partners than the cosine.
+  at::manual_seed(21);
+  const int64_t h = 2, n = 50, d = 6, n1 = 3, n2 = 4, c = 7, mc = n - n1 - n2;
+  auto keys = at::randn({h, n, d}, at::kDouble) * at::rand({h, n, 1}, at::kDouble).mul(5).add(0.1);
+  auto e = chelsea_edges(keys, n1, n2, c);
+  int64_t valid = 0;
+  for (int64_t a = 0; a < e.a_pos.size(0); ++a) {
+    const int64_t i = e.a_pos[a].item<int64_t>();  // offset from n1
+    if (i >= mc) continue;                          // padding of the last chunk
+    REQUIRE((i % c) % 2 == 0);                      // an A entry
+    for (int64_t hh = 0; hh < h; ++hh) {
+      double best = -INFINITY;
+      int64_t arg = -1;
+      for (int64_t j = (i / c) * c + 1; j < std::min((i / c + 1) * c, mc); j += 2) {  // B entries of its chunk
+        auto ki = keys[hh][n1 + i], kj = keys[hh][n1 + j];
+        const double cos = (ki * kj).sum().item<double>() / (ki.norm() * kj.norm()).item<double>();
+        if (cos > best) best = cos, arg = j;
+      }
+      if (arg < 0) {
+        CHECK(std::isinf(e.best[hh][a].item<double>()));
+        continue;
+      }
+      valid += hh == 0;
+      CHECK(e.best[hh][a].item<double>() == doctest::Approx(best).epsilon(1e-12));
+      CHECK(e.b_pos[hh][a].item<int64_t>() == arg);
+    }
+  }
+  CHECK(valid == e.n_valid);
+  CHECK(e.n_valid == 6 * 4);  // each full chunk of 7 has 4 A entries; the tail's one has no B
+}
+
 TEST_CASE("chelsea: ratio 1 reproduces exact attention") {
   auto kv = make_kv("random", 129, 16);
   auto c = make_compressor("chelsea", {})->compress(kv, budget_opt(129));

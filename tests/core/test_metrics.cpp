@@ -25,7 +25,7 @@ TEST_CASE("metrics: exact output has zero error; a perturbation gives the formul
   auto z = o + 0.1 * at::randn(o.sizes(), at::kDouble);
   auto m = compare_to_exact(z, ref);
   // Direct computation per (head, query).
-  double rel = 0, bf = 0, bop = 0, cos = 0;
+  double rel = 0, bf = 0, bop = 0, cos = 0, rel_clamped = 0;
   const int64_t g = hq / hkv;
   for (int64_t h = 0; h < hq; ++h) {
     for (int64_t j = 0; j < nq; ++j) {
@@ -33,6 +33,10 @@ TEST_CASE("metrics: exact output has zero error; a perturbation gives the formul
       auto oj = o[h][j], zj = z[h][j];
       double e = (zj - oj).norm().item<double>();
       rel += e / oj.norm().item<double>();
+      // The BalanceKV notebook's denominator ‖clamp(o, min=1e-8)‖: negative entries count as 1e-8.
+      double cl = 0;
+      for (int64_t c = 0; c < d; ++c) cl += std::pow(std::max(oj[c].item<double>(), 1e-8), 2);
+      rel_clamped += e / std::sqrt(cl);
       auto kk = k[h / g].narrow(0, 0, p + 1), vv = v[h / g].narrow(0, 0, p + 1);
       auto probs = at::softmax(at::matmul(kk, q[h][j]) / std::sqrt(double(d)), 0);
       double pn = probs.norm().item<double>();
@@ -47,6 +51,8 @@ TEST_CASE("metrics: exact output has zero error; a perturbation gives the formul
   CHECK(m.bound_ratio_F == doctest::Approx(bf / cnt).epsilon(1e-9));
   CHECK(m.bound_ratio_op == doctest::Approx(bop / cnt).epsilon(1e-9));
   CHECK(m.cosine == doctest::Approx(cos / cnt).epsilon(1e-9));
+  CHECK(m.rel_err_clamped == doctest::Approx(rel_clamped / cnt).epsilon(1e-9));
+  CHECK(m.rel_err_clamped > m.rel_err);  // random values: about half of o's entries are negative
   CHECK(m.bound_ratio_op >= m.bound_ratio_F);  // ‖V‖_op ≤ ‖V‖_F
 }
 
