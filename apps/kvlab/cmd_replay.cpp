@@ -33,6 +33,7 @@ struct ReplayOptions {
   int64_t keep_last = 0;
   std::string eval_queries = "last:256";
   int64_t obs_queries = 256;
+  bool rerotate = false;
   std::string layers = "all";
   std::string heads = "all";
   std::string samples = "all";
@@ -60,6 +61,8 @@ struct ReplayOptions {
     f.add("eval_queries", eval_queries, "captured queries the metrics judge: last:N (the last N positions) | all");
     f.add("obs_queries", obs_queries, "captured queries just before the evaluation window that methods may score "
                                       "keys with (never the judged ones); 0 = none");
+    f.add("rerotate", rerotate, "re-rotate kept keys to their in-cache positions (StreamingLLM/BUZZ code; "
+                                "selection methods only)");
     f.add("layers", layers, "layers: all (captured) | 0,1,4 | 0-3");
     f.add("heads", heads, "KV heads: all | 0,2");
     f.add("samples", samples, "samples: all | 0,1");
@@ -106,6 +109,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   proto.keep_last = o.keep_last;
   proto.eval_queries = o.eval_queries;
   proto.obs_queries = o.obs_queries;
+  proto.rerotate = o.rerotate;
   proto.device = o.device;
   if (o.heads != "all") proto.kv_heads = parse_index_list(o.heads, meta.n_kv_heads, "--heads");
   auto layers = select_layers(meta, o.layers);

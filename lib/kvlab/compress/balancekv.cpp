@@ -125,6 +125,14 @@ at::Tensor walk_signs(const at::Tensor& kernel, const at::Tensor& u, double gamm
 
 HalvingResult halve(const at::Tensor& keys, const at::Tensor& values, const HalvingOptions& opt,
                     at::Generator& gen) {
+  return halve(keys, values, opt,
+               [&gen](int /*round*/, at::IntArrayRef shape, const at::TensorOptions& options) {
+                 return at::rand(shape, gen, options);
+               });
+}
+
+HalvingResult halve(const at::Tensor& keys, const at::Tensor& values, const HalvingOptions& opt,
+                    const UniformSource& uniforms) {
   const int64_t h = keys.size(0), n = keys.size(1), d = keys.size(2), dv = values.size(2);
   const int64_t b = opt.block;
   auto lopt = at::TensorOptions().dtype(at::kLong);
@@ -143,7 +151,10 @@ HalvingResult halve(const at::Tensor& keys, const at::Tensor& values, const Halv
     k = at::constant_pad_nd(k, {0, 0, 0, pad}).view({h * nb, b, d});         // [H·nb, b, d]
     v = at::constant_pad_nd(v, {0, 0, 0, pad}).view({h * nb, b, dv});        // [H·nb, b, dv]
     auto ker = round_kernel(k, v, opt.temp, opt.value_offset);               // [H·nb, b, b]
-    auto u = at::rand({h * nb, b}, gen, ker.options());                      // [H·nb, b]
+    auto u = uniforms(t, {h * nb, b}, ker.options());                        // [H·nb, b]
+    TORCH_CHECK(u.dim() == 2 && u.size(0) == h * nb && u.size(1) == b,
+                "balancekv::halve: round ", t, " uniforms must be [", h * nb, ", ", b, "], got ",
+                u.sizes());
     auto signs = walk_signs(ker, u, opt.gamma).view({h, nb * b});            // [H, nb·b] int8
     const int64_t half = m / 2;
     auto pos = at::empty({h, half}, lopt);                                   // [H, m/2]

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace kvlab::balancekv {
@@ -51,8 +52,21 @@ struct HalvingResult {
   std::vector<at::Tensor> round_weight;  // per round r: [n_kv_heads, m_r] that round's weight (1|2)
 };
 
-// T rounds over keys, values [n_kv_heads, n, d]; uniforms from `gen`.
+// T rounds over keys, values [n_kv_heads, n, d]; uniforms from `gen`: one
+// at::rand({n_kv_heads·blocks, b}, gen, options) per round done, options = the kernel's.
 HalvingResult halve(const at::Tensor& keys, const at::Tensor& values, const HalvingOptions& opt,
                     at::Generator& gen);
+
+// The uniforms of round `round` (0-based): a tensor of `shape` = [n_kv_heads·blocks, b] in [0, 1),
+// row h·blocks + blk, column = position in the block (column 0 is drawn but unused). `options`
+// are the kernel's (dtype of the inputs, CPU); another floating dtype is converted.
+using UniformSource = std::function<at::Tensor(int round, at::IntArrayRef shape,
+                                               const at::TensorOptions& options)>;
+
+// The same rounds with the uniforms from `uniforms`, called once per round done, in order (the
+// seam the golden test uses to feed the reference's numbers). halve(…, gen) is this with
+// at::rand(shape, gen, options).
+HalvingResult halve(const at::Tensor& keys, const at::Tensor& values, const HalvingOptions& opt,
+                    const UniformSource& uniforms);
 
 }  // namespace kvlab::balancekv

@@ -88,16 +88,9 @@ Model load_model(const std::string& spec, const ModelLoadOptions& opt = {});
 Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt);    // weights_loader.cpp
 Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt);  // weights_loader.cpp
 
-// RoPE (rope.cpp).
-// inv_freq [head_dim / 2] float32, with rope_scaling applied and divided by `freq_factors`
-// ([head_dim / 2], GGUF rope_freqs) when defined.
+// RoPE inverse frequencies of a model (attention/rope.h), divided by `freq_factors` ([head_dim / 2],
+// GGUF rope_freqs) when defined.
 at::Tensor rope_inv_freq(const ModelConfig& cfg, const at::Tensor& freq_factors = {});
-// cos, sin [T, head_dim] for positions pos0 .. pos0+T-1, float32 (float64 when dtype is double),
-// then converted to `dtype`.
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t pos0, int64_t T,
-                                               at::ScalarType dtype);
-// x [H, T, head_dim] -> x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // Receives post-RoPE q/k/v of the positions just computed, layer by layer, as they are produced.
 struct QkvTap {

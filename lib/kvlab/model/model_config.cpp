@@ -47,49 +47,7 @@ std::vector<int64_t> id_list(const json& j, const std::string& key, const std::s
   return {it->get<int64_t>()};
 }
 
-RopeScaling rope_scaling_from_hf(const json& rs, const std::string& source) {
-  RopeScaling out;
-  if (rs.is_null()) return out;
-  KVLAB_CHECK(rs.is_object(), "{}: 'rope_scaling' must be null or an object, found {}", source,
-              rs.dump());
-  std::string kind = get_or<std::string>(rs, "rope_type", "", source);
-  if (kind.empty()) kind = get_or<std::string>(rs, "type", "default", source);
-  if (kind == "default") return out;
-  if (kind == "linear") {
-    out.kind = "linear";
-    out.factor = get_required<double>(rs, "factor", source + " rope_scaling");
-  } else if (kind == "llama3") {
-    out.kind = "llama3";
-    const std::string src = source + " rope_scaling";
-    out.factor = get_required<double>(rs, "factor", src);
-    out.low_freq_factor = get_required<double>(rs, "low_freq_factor", src);
-    out.high_freq_factor = get_required<double>(rs, "high_freq_factor", src);
-    out.original_max_position_embeddings =
-        get_required<int64_t>(rs, "original_max_position_embeddings", src);
-    KVLAB_CHECK(out.high_freq_factor != out.low_freq_factor,
-                "{}: llama3 rope_scaling needs high_freq_factor != low_freq_factor (both {})",
-                source, out.low_freq_factor);
-  } else {
-    KVLAB_FAIL("{}: rope_scaling type '{}' is not supported (supported: null, \"linear\", "
-               "\"llama3\")",
-               source, kind);
-  }
-  KVLAB_CHECK(out.factor > 0, "{}: rope_scaling.factor must be > 0, found {}", source, out.factor);
-  return out;
-}
-
 }  // namespace
-
-nlohmann::json RopeScaling::to_json() const {
-  if (kind == "none") return nullptr;
-  json j = {{"rope_type", kind}, {"factor", factor}};
-  if (kind == "llama3") {
-    j["low_freq_factor"] = low_freq_factor;
-    j["high_freq_factor"] = high_freq_factor;
-    j["original_max_position_embeddings"] = original_max_position_embeddings;
-  }
-  return j;
-}
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"llama", "mistral", "qwen2"};
@@ -169,9 +127,9 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   if (rope_params.is_object() && rope_params.contains("rope_theta"))
     c.rope_theta = get_or<double>(rope_params, "rope_theta", c.rope_theta, source);
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
-    c.rope_scaling = rope_scaling_from_hf(cfg["rope_scaling"], source);
+    c.rope_scaling = rope_scaling_from_json(cfg["rope_scaling"], source);
   else if (rope_params.is_object())
-    c.rope_scaling = rope_scaling_from_hf(rope_params, source);
+    c.rope_scaling = rope_scaling_from_json(rope_params, source);
   c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", false, source);
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias

@@ -9,18 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace kvlab {
+#include "kvlab/attention/rope.h"
 
-// RoPE frequency scaling. kind: "none", "linear" (inv_freq / factor) or "llama3" (Llama 3.1's
-// piecewise rule over wavelengths, HF `_compute_llama3_parameters`).
-struct RopeScaling {
-  std::string kind = "none";
-  double factor = 1.0;
-  double low_freq_factor = 1.0;                       // llama3 only
-  double high_freq_factor = 4.0;                      // llama3 only
-  int64_t original_max_position_embeddings = 8192;    // llama3 only
-  nlohmann::json to_json() const;  // null for "none"; the HF object otherwise
-};
+namespace kvlab {
 
 struct ModelConfig {
   std::string architecture;        // "llama", "mistral", "qwen2"

@@ -1,9 +1,12 @@
 #include "kvlab/replay/replay.h"
 
+#include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <limits>
 
 #include "kvlab/attention/attention.h"
+#include "kvlab/attention/rope.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
 
@@ -61,6 +64,11 @@ ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const 
     q = q.index_select(0, at::tensor(qh));
   }
   ReplayUnit u = make_unit(q, k, v, p, fmt::format("{}: sample {}", cap.path(), sample));
+  if (p.rerotate) {
+    const auto& meta = cap.meta();
+    u.inv_freq = rope_inv_freq(meta.rope_theta, meta.head_dim,
+                               rope_scaling_from_json(meta.rope_scaling, cap.path() + ": rope_scaling"));
+  }
   if (!heads.empty()) u.kv_heads = heads;
   u.sample = sample;
   u.layer = layer;
@@ -92,6 +100,42 @@ KVSet assemble(const at::Tensor& k, const at::Tensor& v, int64_t region_begin, i
                       positions(region_end, n, k)});
   s.pos = pos.unsqueeze(0).expand({h, pos.size(0)}).contiguous();
   return s;
+}
+
+// --rerotate. RoPE logits depend only on position differences, so moving the evaluation query
+// by the same shift as the tail (the region tokens head h dropped) leaves the query and the tail
+// as they are; only keys rotate: the sinks by +shift, a kept region key from its position p to its
+// in-cache slot c by c − p + shift. Returns the sink-rotated keys [Hkv, n, d] and the rotated region
+// keys [Hkv, m, d].
+std::pair<at::Tensor, at::Tensor> rerotate(const ReplayUnit& u, const CompressedKV& cr, int64_t region_begin,
+                                           int64_t region_end, const std::string& method) {
+  KVLAB_CHECK(cr.kept_idx.defined() && !cr.has_separate_den(),
+              "--rerotate: {} merges or samples entries that have no single position; re-rotation applies to "
+              "methods that keep keys one to one (streaming_llm, local, h2o, snapkv, pyramidkv, buzz, ...)",
+              method);
+  KVLAB_CHECK(u.inv_freq.defined(), "--rerotate: the unit has no RoPE frequencies");
+  const int64_t h_kv = cr.keys.size(0), m = cr.keys.size(1), r = region_end - region_begin;
+  auto idx = cr.kept_idx.to(at::kCPU, at::kLong).contiguous();                // [Hkv, m]
+  auto delta = at::zeros({h_kv, m}, at::kLong), shift = at::zeros({h_kv, 1}, at::kLong);
+  auto ia = idx.accessor<int64_t, 2>();
+  auto da = delta.accessor<int64_t, 2>();
+  for (int64_t h = 0; h < h_kv; ++h) {
+    std::vector<std::pair<int64_t, int64_t>> kept;                            // (region index, entry)
+    for (int64_t j = 0; j < m; ++j)
+      if (ia[h][j] >= 0) kept.emplace_back(ia[h][j], j);
+    std::sort(kept.begin(), kept.end());
+    const int64_t dropped = r - static_cast<int64_t>(kept.size());
+    shift[h][0] = dropped;
+    for (size_t slot = 0; slot < kept.size(); ++slot)
+      da[h][kept[slot].second] = static_cast<int64_t>(slot) - kept[slot].first + dropped;
+  }
+  at::Tensor k = u.k;
+  if (region_begin > 0) {
+    k = u.k.clone();
+    k.narrow(1, 0, region_begin).copy_(rotate_by(u.k.narrow(1, 0, region_begin),
+                                                 shift.expand({h_kv, region_begin}), u.inv_freq));
+  }
+  return {k, rotate_by(cr.keys, delta, u.inv_freq)};
 }
 
 }  // namespace
@@ -132,7 +176,9 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   out.compress_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const auto& cr = out.region;
 
-  KVSet num = assemble(u.k, u.v, region_begin, region_end, cr.keys, cr.values, cr.bias);
+  at::Tensor k = u.k, region_keys = cr.keys;  // [Hkv, n, d], [Hkv, m, d]
+  if (p.rerotate) std::tie(k, region_keys) = rerotate(u, cr, region_begin, region_end, c.name());
+  KVSet num = assemble(k, u.v, region_begin, region_end, region_keys, cr.values, cr.bias);
   AttentionOptions ao;
   ao.query_pos = positions(n - n_q, n, u.k);                                // the evaluation queries
   ao.logit_scale = cr.logit_scale;
@@ -204,6 +250,7 @@ nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, co
                           {"cosine", metrics.cosine},
                           {"rel_err_clamped", metrics.rel_err_clamped},
                           {"compress_ms", out.compress_ms / double(h_kv)}};
+    if (p.rerotate) row["rerotate"] = true;
     const nlohmann::json setting = b.to_json();
     for (auto it = setting.begin(); it != setting.end(); ++it) row[it.key()] = it.value();
     if (kept_mask.defined())

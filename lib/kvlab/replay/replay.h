@@ -47,6 +47,10 @@ struct ReplayProtocol {
   int64_t obs_queries = 256;              // observation window: the N captured queries just before it
   std::vector<int> kv_heads;              // empty = all
   std::string device = "cpu";
+  // --rerotate (METHODS.md §1; StreamingLLM's and BUZZ's code): kept keys are re-rotated to their
+  // in-cache positions (sinks, then the kept region entries in order, then the tail), the
+  // evaluation queries moved with the tail. Selection methods only (a merged key has no position).
+  bool rerotate = false;
 };
 
 // The two windows for a sample with `n_captured` captured queries; an error naming --eval-queries
@@ -66,6 +70,7 @@ struct ReplayUnit {
                                //   n - n_eval); n_obs may be 0
   at::Tensor k, v;             // [Hkv, n, d] float32 on the device
   std::vector<int> kv_heads;   // original KV head index of each row of k / v
+  at::Tensor inv_freq;         // [head_dim / 2] RoPE frequencies of the capture's model (--rerotate)
   ExactReference ref;          // double
   at::Tensor probs;            // [Hq, n_q, n] exact probabilities (float32), for mass_recall
 };
