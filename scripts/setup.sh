@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build ccache git python3 python3-venv unzip
-          libtorch-dev libopenblas0-openmp libhdf5-dev nlohmann-json3-dev libcli11-dev libfmt-dev doctest-dev
+          libtorch-dev libopenblas0-openmp libhdf5-dev nlohmann-json3-dev libcli11-dev libfmt-dev doctest-dev python3-jieba
           clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz_short test
 missing=()
 for p in "${packages[@]}"; do
