@@ -17,6 +17,7 @@ void setup_dump(CLI::App& app);      // cmd_dump.cpp: capture q/k/v of a model p
 void setup_bench_prefill(CLI::App& app);  // cmd_bench_prefill.cpp: kvlab bench prefill
 void setup_run(CLI::App& app);       // cmd_run.cpp: run an experiment file (ordered steps)
 void setup_bench_compress(CLI::App& app);  // cmd_bench_compress.cpp: kvlab bench compress
+void setup_calibrate(CLI::App& app);  // cmd_calibrate.cpp: kvlab calibrate chelsea
 
 // The `kvlab bench` group; benchmark subcommands in other files attach to it.
 CLI::App& bench_group(CLI::App& app);

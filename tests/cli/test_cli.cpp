@@ -203,6 +203,22 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
     CHECK(std::isfinite(row["rel_err"].get<double>()));
     if (row["method"] == "exact") CHECK(row["rel_err"].get<double>() < 1e-5);
   }
+  // Chelsea's calibration on the same model, and a replay that reads it (top 10% of heads full).
+  auto cal = run_kvlab("calibrate chelsea --model " + model + " --text " + test::shared_dir() +
+                       "/data/wikitext2/wiki.test.raw --samples 2 --tokens 200 --n-sink 4 --n-recent 8 --chunk 32 "
+                       "--out " + dir + "/cal.json");
+  REQUIRE_MESSAGE(cal.code == 0, cal.out);
+  auto scores = read_json_file(dir + "/cal.json");
+  REQUIRE(scores["scores"].size() == scores["n_layers"].get<size_t>());
+  for (const auto& row : scores["scores"]) {
+    REQUIRE(row.size() == scores["n_kv_heads"].get<size_t>());
+    for (const auto& v : row) CHECK((v.get<double>() >= 0 && v.get<double>() <= 1));
+  }
+  auto ch = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method chelsea --ratio 0.5 --param outliers=" +
+                      dir + "/cal.json --param outlier_fraction=0.1 --out " + dir + "/rep_chelsea");
+  REQUIRE_MESSAGE(ch.code == 0, ch.out);
+  auto agg = read_json_file(dir + "/rep_chelsea/result.json")["aggregate"]["overall"][0];
+  CHECK(agg["kept_fraction"].get<double>() > 0.3);
   auto listed = run_kvlab("replay --list-methods");
   std::istringstream lines(listed.out);
   size_t n_listed = 0;

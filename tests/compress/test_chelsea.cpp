@@ -9,6 +9,8 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <fstream>
+#include <memory>
 #include <vector>
 
 #include "compress_test_util.h"
@@ -17,6 +19,7 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
 #include "kvlab/io/synthetic.h"
+#include "test_util.h"
 
 using namespace kvlab;
 using kvlab::test::budget_opt;
@@ -252,9 +255,11 @@ TEST_CASE("chelsea: outlier score (App. B) and full_heads") {
   CHECK(top[0] == std::make_pair(0, 1));
   CHECK(top[1] == std::make_pair(2, 1));
 
-  // full_heads: head 1 of layer 0 keeps everything; head 0 gets 2B − n so the total matches.
+  // full_heads with reallocate=layer: head 1 of layer 0 keeps everything; head 0 gets 2B − n so
+  // the layer's total matches.
   kv.layer = 0;
-  auto comp = make_compressor("chelsea", {{"full_heads", "0:1,3:5"}});
+  kv.n_layers = 4;
+  auto comp = make_compressor("chelsea", {{"full_heads", "0:1"}, {"reallocate", "layer"}});
   auto c = comp->compress(kv, budget_opt(600));
   CHECK(c.keys.size(1) == 1024);
   CHECK(c.mean_entries() == doctest::Approx(600.0));
@@ -262,8 +267,54 @@ TEST_CASE("chelsea: outlier score (App. B) and full_heads") {
   CHECK(at::isinf(c.bias[0]).sum().item<int64_t>() == 1024 - 176);
   kv.layer = 1;  // not listed: plain budget
   CHECK(comp->compress(kv, budget_opt(600)).keys.size(1) == 600);
-  kv.layer = 3;
-  CHECK_THROWS_WITH_AS(comp->compress(kv, budget_opt(600)), doctest::Contains("full_heads"), kvlab::Error);
+  // A head the model does not have: one error naming the parameter, whatever the layer.
+  CHECK_THROWS_WITH_AS(make_compressor("chelsea", {{"full_heads", "3:5"}})->compress(kv, budget_opt(600)),
+                       doctest::Contains("full_heads"), kvlab::Error);
+}
+
+TEST_CASE("chelsea: outlier heads from a calibration file; the budget reallocated over the model") {
+  // 4 layers x 2 KV heads, n = 1024, B = 600 per head: 4,800 entries over the model.
+  auto kv = make_kv("random", 1024, 8, 2, 2, 16, 5);
+  kv.n_layers = 4;
+  auto entries = [&](const std::shared_ptr<Compressor>& comp, int layer) {
+    kv.layer = layer;
+    auto out = comp->compress(kv, budget_opt(600));
+    std::vector<int64_t> per_head;
+    for (int64_t h = 0; h < 2; ++h) per_head.push_back(at::isfinite(out.bias[h]).sum().item<int64_t>());
+    return per_head;
+  };
+  // full_layers=0 (the paper's Llama-2 setting): layer 0 keeps 1,024 per head; the other six heads
+  // share 4,800 − 2,048 = 2,752: 458 each, the remainder 4 to the first four in (layer, head) order.
+  std::shared_ptr<Compressor> first(make_compressor("chelsea", {{"full_layers", "0"}}));
+  CHECK(entries(first, 0) == std::vector<int64_t>{1024, 1024});
+  CHECK(entries(first, 1) == std::vector<int64_t>{459, 459});
+  CHECK(entries(first, 2) == std::vector<int64_t>{459, 459});
+  CHECK(entries(first, 3) == std::vector<int64_t>{458, 458});
+  // A calibration file: the top 25% of the 8 heads (2) keep everything.
+  auto dir = test::temp_dir("chelsea_outliers");
+  const std::string file = dir + "/scores.json";
+  std::ofstream(file) << R"({"kind": "chelsea_outlier_scores", "scores": [[0.1, 0.2], [0.9, 0.3], [0.05, 0.8], [0.4, 0.0]]})";
+  std::shared_ptr<Compressor> cal(make_compressor("chelsea", {{"outliers", file}, {"outlier_fraction", 0.25}}));
+  CHECK(entries(cal, 1) == std::vector<int64_t>{1024, 459});  // 1:0 (0.9) is an outlier
+  CHECK(entries(cal, 2) == std::vector<int64_t>{459, 1024});  // 2:1 (0.8) too
+  CHECK(entries(cal, 0) == std::vector<int64_t>{459, 459});  // others in (layer, head) order: 0:0 0:1
+  CHECK(entries(cal, 3) == std::vector<int64_t>{458, 458});  // 1:1 2:0 get the remainder, 3:x do not
+  // Full layers count inside the fraction: with layer 0 full, 3/8 adds only the best outlier (1:0);
+  // the other five heads share 4,800 − 3·1,024 = 1,728: 345 each, +1 for 1:1, 2:0, 2:1.
+  std::shared_ptr<Compressor> both(
+      make_compressor("chelsea", {{"outliers", file}, {"outlier_fraction", 0.375}, {"full_layers", "0"}}));
+  CHECK(entries(both, 0) == std::vector<int64_t>{1024, 1024});
+  CHECK(entries(both, 1) == std::vector<int64_t>{1024, 346});
+  CHECK(entries(both, 2) == std::vector<int64_t>{346, 346});  // 2:1 is not added at 3/8
+  CHECK(entries(both, 3) == std::vector<int64_t>{345, 345});
+  // Bad files and shapes: one error naming the parameter and the file.
+  std::ofstream(dir + "/bad.json") << R"({"scores": [[0.1, 0.2], [0.3]]})";
+  CHECK_THROWS_WITH_AS(make_compressor("chelsea", {{"outliers", dir + "/bad.json"}}), doctest::Contains("outliers"),
+                       kvlab::Error);
+  std::ofstream(dir + "/three.json") << R"({"scores": [[0.1, 0.2, 0.3]]})";
+  kv.layer = 0;
+  CHECK_THROWS_WITH_AS(make_compressor("chelsea", {{"outliers", dir + "/three.json"}})->compress(kv, budget_opt(600)),
+                       doctest::Contains("1 layers x 3 KV heads"), kvlab::Error);
 }
 
 TEST_CASE("chelsea: clustered keys favour Chelsea over uniform at equal memory") {

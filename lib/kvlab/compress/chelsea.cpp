@@ -24,7 +24,9 @@
 //
 // Parameters [defaults]: n_sink [16], n_recent [64], chunk [256] (integer >= 2 or "none"),
 //   family [llama2] selecting r_init/alpha/m presets (llama2 0.45/0.05/3, llama3 0.35/0.1/2,
-//   qwen2 0.2/0.1/2), r_init, alpha, m (override the preset), r_min [0.05], full_heads [""].
+//   qwen2 0.2/0.1/2), r_init, alpha, m (override the preset), r_min [0.05], full_heads [""],
+//   full_layers [""], outliers [""] (a `kvlab calibrate chelsea` file), outlier_fraction [0.04],
+//   reallocate [model] (model | layer).
 //
 // Deviations / decisions:
 // - Steps re-chunk the current (already merged) entries in order; a merged entry sits at its B
@@ -34,14 +36,18 @@
 //   every step merges at least one edge.
 // - Ties in similarity resolve by at::topk / at::max on CPU (deterministic for a given input).
 // - Zero keys get cosine 0 to everything (norm clamped at 1e-12).
-// - Outlier heads (App. B): the score function (chelsea_outlier_scores) and the `full_heads`
-//   parameter ("L:H,L:H", 0-based layer and KV head) are implemented; the WikiText-2 calibration
-//   run that produces the list is not part of this file. The paper reallocates budget across
-//   layers and heads; a compressor sees one layer, so kvlab reallocates within the layer: the
-//   full heads keep all n entries and the other heads share H·B − F·n (equal split, remainder to
-//   the lowest heads). Heads of unequal length are padded with bias −inf. The head index is the
-//   row of `kv.keys`: correct when the region holds every KV head of the layer in order (replay
-//   without --heads); LayerKV carries no original head ids for a sliced subset.
+// - Outlier heads (App. B, §5.4, C.2): `kvlab calibrate chelsea` writes each (layer, KV head)'s
+//   outlier score over WikiText-2 windows (chelsea_outlier_scores); `outliers=FILE` reads it and
+//   gives the top `outlier_fraction` [0.04] of all heads the full cache. `full_layers` ("0" keeps
+//   the first layer full, the paper's Llama-2 setting) and `full_heads` ("L:H,L:H") add heads by
+//   hand; full layers count inside the fraction, as in App. C.2. The budget is reallocated so the
+//   total matches (`reallocate` [model]): over the whole model, as the paper does: every other head
+//   of every layer gets (L·H·B − F·n)/(L·H − F), the remainder to the first heads in (layer, head)
+//   order — so a layer without outliers holds fewer than B per head; `reallocate=layer` keeps each
+//   layer's total at H·B instead. A compressor sees one layer; the reallocation needs only n, L
+//   (LayerKV::n_layers) and the full set, which every layer computes alike (n is the same for every
+//   layer of a sample). The head index is the row of `kv.keys`: correct when the region holds
+//   every KV head of the layer in order (replay without --heads).
 // - The generation interval g (Alg. 1) is an argument of ChelseaCache::maybe_compress, not a
 //   replay parameter (replay compresses once).
 #include "kvlab/compress/chelsea.h"
@@ -54,6 +60,7 @@
 
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 
 namespace kvlab {
 
@@ -279,6 +286,24 @@ class Chelsea final : public Compressor {
     KVLAB_CHECK(cfg_.r_min > 0 && cfg_.r_min <= 0.5, "chelsea: parameter 'r_min' must be in (0, 0.5], got {}",
                 cfg_.r_min);
     full_heads_ = parse_full_heads(p.get_string("full_heads", ""));
+    for (const auto& item : split_list(p.get_string("full_layers", ""))) {
+      int64_t l = -1;
+      try {
+        size_t used = 0;
+        l = std::stoll(item, &used);
+        if (used != item.size()) l = -1;
+      } catch (const std::exception&) {
+      }
+      KVLAB_CHECK(l >= 0, "chelsea: parameter 'full_layers' must be 0-based layer indices like \"0\" or \"0,1\", "
+                  "got bad item '{}'", item);
+      full_layers_.insert(l);
+    }
+    outliers_path_ = p.get_string("outliers", "");
+    outlier_fraction_ = p.get_double("outlier_fraction", 0.04);
+    KVLAB_CHECK(outlier_fraction_ >= 0 && outlier_fraction_ < 1,
+                "chelsea: parameter 'outlier_fraction' must be in [0, 1), got {}", outlier_fraction_);
+    reallocate_ = p.get_string("reallocate", "model", {"model", "layer"});
+    if (!outliers_path_.empty()) outlier_scores_ = read_outlier_scores(outliers_path_);
     p.finish();
     params_ = p.effective();
     if (chunk_none) params_["chunk"] = "none";
@@ -319,39 +344,99 @@ class Chelsea final : public Compressor {
   }
 
  private:
-  // Per-head budgets of this layer: full heads keep n, the others share the rest (see header).
+  // Every (layer, head) of the model that keeps the full cache: full_heads, full_layers, and the
+  // top outlier_fraction of the calibrated scores (full layers counted inside the fraction).
+  std::set<std::pair<int64_t, int64_t>> full_set(int64_t n_layers, int64_t h) const {
+    std::set<std::pair<int64_t, int64_t>> full = full_heads_;
+    for (int64_t l : full_layers_) {
+      KVLAB_CHECK(l < n_layers, "chelsea: parameter 'full_layers' names layer {}, but the model has {}", l, n_layers);
+      for (int64_t i = 0; i < h; ++i) full.insert({l, i});
+    }
+    for (const auto& [l, i] : full_heads_)
+      KVLAB_CHECK(l < n_layers && i < h, "chelsea: parameter 'full_heads' names head {} of layer {}; the model has "
+                  "{} layers of {} KV heads", i, l, n_layers, h);
+    if (outlier_scores_.defined()) {
+      KVLAB_CHECK(outlier_scores_.size(0) == n_layers && outlier_scores_.size(1) == h,
+                  "chelsea: parameter 'outliers' ({}) holds scores of {} layers x {} KV heads, but this model has "
+                  "{} x {}", outliers_path_, outlier_scores_.size(0), outlier_scores_.size(1), n_layers, h);
+      const int64_t want = std::llround(outlier_fraction_ * static_cast<double>(n_layers * h));
+      auto masked = outlier_scores_.clone();                                   // [L, H]
+      for (const auto& [l, i] : full) masked[l][i] = -std::numeric_limits<double>::infinity();
+      const int64_t extra = std::min<int64_t>(want - static_cast<int64_t>(full.size()), n_layers * h - full.size());
+      if (extra > 0)
+        for (const auto& [l, i] : chelsea_select_outlier_heads(masked, static_cast<double>(extra) / (n_layers * h)))
+          full.insert({l, i});
+    }
+    return full;
+  }
+
+  // Per-head budgets of this layer: full heads keep n, the others share the rest so that the
+  // total over the model (reallocate=model) or over the layer (reallocate=layer) stays B per head.
   std::vector<int64_t> head_budgets(const LayerKV& kv, int64_t budget) const {
-    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();
+    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads(), n_layers = std::max(kv.n_layers, kv.layer + 1);
     std::vector<int64_t> out(h, budget);
-    std::vector<bool> full(h, false);
-    int64_t n_full = 0;
-    for (const auto& [l, head] : full_heads_) {
-      if (l != kv.layer) continue;
-      KVLAB_CHECK(head < h, "chelsea: parameter 'full_heads' names head {} of layer {}, which has {} KV heads",
-                  head, l, h);
-      full[head] = true;
-      ++n_full;
-    }
-    if (n_full == 0 || budget >= n) return out;
-    KVLAB_CHECK(n_full < h, "chelsea: parameter 'full_heads' gives every KV head of layer {} the full "
-                "cache; the budget {} cannot be met", kv.layer, budget);
-    const int64_t rest = h * budget - n_full * n, others = h - n_full;
-    KVLAB_CHECK(rest >= others, "chelsea: parameter 'full_heads' leaves {} entries for {} heads of "
-                "layer {} (budget {} per head, n = {}); list fewer heads or raise the budget", rest,
-                others, kv.layer, budget, n);
-    int64_t extra = rest % others, seen = 0;
-    for (int64_t i = 0; i < h; ++i) {
-      if (full[i]) {
-        out[i] = n;
-        continue;
+    const auto full = full_set(n_layers, h);
+    if (full.empty() || budget >= n) return out;
+    const bool by_layer = reallocate_ == "layer";
+    // The heads sharing the budget, in (layer, head) order, and this layer's rank among them.
+    const int64_t l0 = by_layer ? kv.layer : 0, l1 = by_layer ? kv.layer + 1 : n_layers;
+    int64_t n_full = 0, rank = 0;
+    std::vector<int64_t> my_rank(h, -1);
+    for (int64_t l = l0; l < l1; ++l)
+      for (int64_t i = 0; i < h; ++i) {
+        if (full.count({l, i})) {
+          ++n_full;
+          continue;
+        }
+        if (l == kv.layer) my_rank[i] = rank;
+        ++rank;
       }
-      out[i] = rest / others + (seen++ < extra ? 1 : 0);
+    const int64_t all = (l1 - l0) * h, others = all - n_full, rest = all * budget - n_full * n;
+    KVLAB_CHECK(others > 0, "chelsea: the full heads cover every KV head; the budget {} cannot be met", budget);
+    KVLAB_CHECK(rest >= others, "chelsea: the full heads ({} of {}, n = {}) leave {} entries for the other {} heads "
+                "at budget {} per head; name fewer full heads or raise the budget", n_full, all, n, rest, others,
+                budget);
+    const int64_t extra = rest % others;
+    for (int64_t i = 0; i < h; ++i)
+      out[i] = my_rank[i] < 0 ? n : rest / others + (my_rank[i] < extra ? 1 : 0);
+    return out;
+  }
+
+  static at::Tensor read_outlier_scores(const std::string& path) {
+    const nlohmann::json j = read_json_file(path);
+    KVLAB_CHECK(j.is_object() && j.contains("scores") && j["scores"].is_array() && !j["scores"].empty(),
+                "chelsea: parameter 'outliers' ({}) is not a 'kvlab calibrate chelsea' file (no \"scores\" array)",
+                path);
+    const auto& rows = j["scores"];
+    const size_t h = rows[0].is_array() ? rows[0].size() : 0;
+    auto t = at::zeros({static_cast<int64_t>(rows.size()), static_cast<int64_t>(h)}, at::kDouble);
+    for (size_t l = 0; l < rows.size(); ++l) {
+      KVLAB_CHECK(rows[l].is_array() && rows[l].size() == h && h > 0,
+                  "chelsea: parameter 'outliers' ({}): scores row {} must hold {} numbers", path, l, h);
+      for (size_t i = 0; i < h; ++i) {
+        KVLAB_CHECK(rows[l][i].is_number() && std::isfinite(rows[l][i].get<double>()),
+                    "chelsea: parameter 'outliers' ({}): scores[{}][{}] is not a finite number", path, l, i);
+        t[l][i] = rows[l][i].get<double>();
+      }
     }
+    return t;
+  }
+
+  static std::vector<std::string> split_list(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) out.push_back(item);
     return out;
   }
 
   ChelseaConfig cfg_;
   std::set<std::pair<int64_t, int64_t>> full_heads_;
+  std::set<int64_t> full_layers_;
+  std::string outliers_path_, reallocate_;
+  double outlier_fraction_ = 0.04;
+  at::Tensor outlier_scores_;  // [L, H] float64, from `outliers`
   nlohmann::json params_;
 };
 
