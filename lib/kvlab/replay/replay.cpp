@@ -7,6 +7,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/rope.h"
+#include "kvlab/compress/layout.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
 
@@ -82,26 +83,6 @@ at::Tensor positions(int64_t begin, int64_t end, const at::Tensor& like) {
   return at::arange(begin, end, like.options().dtype(at::kLong));
 }
 
-// Concatenates [head exact | compressed region | tail exact] into one set. The compressed
-// entries precede every query, so their position is -1 (always visible).
-KVSet assemble(const at::Tensor& k, const at::Tensor& v, int64_t region_begin, int64_t region_end,
-               const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& cbias) {
-  const int64_t h = k.size(0), n = k.size(1);
-  auto hk = k.narrow(1, 0, region_begin), hv = v.narrow(1, 0, region_begin);
-  auto tk = k.narrow(1, region_end, n - region_end), tv = v.narrow(1, region_end, n - region_end);
-  const int64_t m = ck.size(1);
-  auto zeros = [&](int64_t len) { return at::zeros({h, len}, k.options()); };
-  KVSet s;
-  s.keys = at::cat({hk, ck.to(k.scalar_type()), tk}, 1);
-  s.values = cv.defined() ? at::cat({hv, cv.to(v.scalar_type()), tv}, 1) : at::Tensor();
-  s.bias = at::cat({zeros(region_begin), cbias.defined() ? cbias.to(k.scalar_type()) : zeros(m),
-                    zeros(n - region_end)}, 1);
-  auto pos = at::cat({positions(0, region_begin, k), at::full({m}, -1, k.options().dtype(at::kLong)),
-                      positions(region_end, n, k)});
-  s.pos = pos.unsqueeze(0).expand({h, pos.size(0)}).contiguous();
-  return s;
-}
-
 // --rerotate. RoPE logits depend only on position differences, so moving the evaluation query
 // by the same shift as the tail (the region tokens head h dropped) leaves the query and the tail
 // as they are; only keys rotate: the sinks by +shift, a kept region key from its position p to its
@@ -147,17 +128,9 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   const int64_t region_begin = std::min(p.keep_first, n - tail);
   const int64_t region_end = n - tail;
 
-  LayerKV region;
-  region.keys = u.k.narrow(1, region_begin, region_end - region_begin);     // [Hkv, r, d]
-  region.values = u.v.narrow(1, region_begin, region_end - region_begin);
   // Only the observation window: no method sees a query it is judged on.
-  region.queries = n_obs ? u.q_obs : at::Tensor();                           // [Hq, n_obs, d]
-  region.query_pos = n_obs ? positions(n - n_q - n_obs, n - n_q, u.k) : at::Tensor();  // [n_obs]
-  region.pos0 = region_begin;
-  region.prefix_keys = u.k.narrow(1, 0, region_begin);                       // [Hkv, region_begin, d]
-  region.suffix_keys = u.k.narrow(1, region_end, n - region_end);            // [Hkv, tail, d]
-  region.layer = u.layer;
-  region.n_layers = u.n_layers;
+  LayerKV region = region_of(u.k, u.v, region_begin, region_end, u.q_obs,
+                             n_obs ? positions(n - n_q - n_obs, n - n_q, u.k) : at::Tensor(), u.layer, u.n_layers);
 
   CompressOptions opt;
   opt.budget = b;
