@@ -22,6 +22,8 @@ ALLOWED = {
     "model": {"core", "io", "attention", "tokenizer"},
     "compress": {"core", "attention"},
     "replay": {"core", "io", "attention", "compress"},
+    "cache": {"core", "attention", "compress"},
+    "generate": {"core", "io", "attention", "tokenizer", "model", "compress", "cache"},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)

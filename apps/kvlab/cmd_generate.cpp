@@ -1,7 +1,12 @@
 // kvlab generate --model M (--prompt TEXT | --prompt-ids 1,2,3) [--chat-template none|auto|NAME]
 //                [--max-new-tokens N] [--logits-out F.json] [--dtype fp32|bf16|fp16] [--device cpu|cuda]
-// Greedy decoding with the exact KV cache: one prefill, then one-token steps. Prints the text
-// (stdout, generated tokens only) and the ids (prompt + generated); --logits-out writes every step's full logits.
+//                [--method a,b (--ratio r1,r2 | --budget N | --T t) [--param k=v] [--keep-first N]
+//                 [--keep-last N] [--obs-queries N] [--seed S]]
+// Greedy decoding. Without --method: the exact KV cache, one prefill then one-token steps. With
+// --method: one exact prefill shared by every (method, budget) branch (generate/branches.h); each
+// branch compresses every layer's cache after prefill and decodes through it. Prints the text
+// (stdout, generated tokens only) and the ids (prompt + generated); --logits-out writes every step's
+// full logits (exact path).
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -17,6 +22,7 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
+#include "kvlab/generate/branches.h"
 #include "kvlab/model/model.h"
 #include "kvlab/model/model_tokenizer.h"
 
@@ -34,6 +40,16 @@ struct GenerateCmdOptions {
   std::string dtype = "fp32";
   std::string device = "cpu";
   bool json = false;
+  std::string method;
+  std::vector<double> ratio;
+  std::vector<int64_t> budget;
+  std::vector<int64_t> T;
+  std::vector<std::string> param;
+  nlohmann::json params = nlohmann::json::object();
+  int64_t keep_first = 0;
+  int64_t keep_last = 0;
+  int64_t obs_queries = 256;
+  int64_t seed = 42;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
@@ -45,8 +61,61 @@ struct GenerateCmdOptions {
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("json", json, "print one JSON object instead of text");
+    f.add("method", method, "compressed-cache branches: comma-separated methods (see 'kvlab replay --list-methods'); "
+                            "one exact prefill is shared by all");
+    f.add("ratio", ratio, "fractions of the compressible prompt kept, e.g. 0.1,0.2 (with --method)");
+    f.add("budget", budget, "entries kept per KV head (instead of --ratio)");
+    f.add("T", T, "halvings for halving methods (instead of --ratio)");
+    f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
+    f.add("params", params, "config only: {\"method\": {\"key\": value}}");
+    f.add("keep_first", keep_first, "first prompt positions kept exact");
+    f.add("keep_last", keep_last, "last prompt positions kept exact");
+    f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
+    f.add("seed", seed, "seed of random methods");
   }
 };
+
+// --method: one prefill, one branch per (method, budget); streams each branch's text as it comes.
+void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
+                  const Tokenizer* tok) {
+  KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
+  KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+  auto budgets = budget_settings(o.ratio, o.budget, o.T);
+  auto methods = build_methods(o.method, o.param, o.params);
+  Prefill prefill = run_prefill(model, prompt_ids, o.obs_queries);
+  fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
+             "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
+             prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
+  nlohmann::json branches = nlohmann::json::array();
+  for (const auto& m : methods)
+    for (const auto& b : budgets) {
+      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), o.keep_first, o.keep_last};
+      BranchOptions bo;
+      bo.max_new_tokens = o.max_new_tokens;
+      bo.stop_at_eos = !o.ignore_eos;
+      if (!o.json) {
+        fmt::print("=== {} {}\n", m.name, b.label());
+        if (tok) bo.on_token = [&](int64_t id) { fmt::print("{}", tok->decode({id})), std::fflush(stdout); };
+      }
+      BranchResult r = run_branch(model, prefill, spec, bo);
+      const std::string text = tok ? tok->decode(r.ids) : std::string();
+      if (!o.json) fmt::print("\nids: {}\n", fmt::join(r.ids, ","));
+      fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB ({:.3f} of exact), compress {:.1f} ms, {} tokens in "
+                 "{:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
+                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.compress_ms, r.ids.size(), r.decode_seconds);
+      nlohmann::json j = {{"method", m.name}, {"params", m.compressor->params()}, {"seed", o.seed},
+                          {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
+                          {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
+                          {"decode_seconds", r.decode_seconds}};
+      const nlohmann::json setting = b.to_json();
+      for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
+      branches.push_back(j);
+    }
+  if (o.json)
+    std::cout << nlohmann::json({{"model", model.id}, {"prompt_ids", prompt_ids}, {"prefills", 1},
+                                 {"prefill_seconds", prefill.seconds}, {"branches", branches}}).dump(2)
+              << "\n";
+}
 
 void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
@@ -81,6 +150,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
              n_parameters(model) / 1e6, o.dtype, model.device.str(), load_s, prompt_ids.size(),
              template_name);
 
+  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get());
   ExactAttention attn(model.config.n_layers);
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;

@@ -10,21 +10,13 @@
 #include <vector>
 
 #include "kvlab/io/capture.h"
+#include "kvlab/compress/method_spec.h"
 #include "kvlab/replay/replay.h"
 
 namespace kvlab {
 
 // The 10 seeds of METHODS.md §4 (BalanceKV Fig. 2), in order.
 const std::vector<uint64_t>& paper_seeds();
-
-// Exactly one of the lists must be non-empty; each value validated by Budget with the flag's name.
-std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std::vector<int64_t>& budgets,
-                                    const std::vector<int64_t>& halvings);
-
-// `spec`: "a,b" or "all". `flag_params`: "key=value" (every method) or "method.key=value";
-// `config_params`: {"method": {"key": value}}. Unknown methods and parameters are errors.
-std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
-                                      const nlohmann::json& config_params);
 
 // --seeds N takes the first N of paper_seeds() (then 1000, 1001, ...); --seed-list wins if given.
 std::vector<uint64_t> seed_values(int64_t n, const std::vector<int64_t>& explicit_list);

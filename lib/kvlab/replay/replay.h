@@ -30,15 +30,10 @@
 
 #include "kvlab/attention/metrics.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/method_spec.h"
 #include "kvlab/io/capture.h"
 
 namespace kvlab {
-
-struct MethodSpec {
-  std::string name;
-  nlohmann::json params = nlohmann::json::object();
-  std::shared_ptr<const Compressor> compressor;  // built from name + params
-};
 
 struct ReplayProtocol {
   int64_t keep_first = 0;

@@ -1,0 +1,59 @@
+// A compressed KV cache in the forward pass (issue 10, first step: compression after prefill).
+//
+// Per layer it stores densely only what a method kept or merged, per KV head, between the exact
+// parts (compress/layout.h): keys/values [Hkv, m, d], a log-weight bias [Hkv, m] (-inf = empty
+// slot, so heads may hold different counts), positions [Hkv, m] (-1 = a compressed entry, visible
+// to every later query), and the separate denominator set where the method has one (SubGen,
+// balancekv-mr). Decoded tokens are appended exactly (bias 0). Attention runs through
+// kvlab::attention, the bias/denominator path replay uses; K/V are never repeated per query head.
+//
+// Every method is compressed once, after prefill, from the exact cache and the prompt's last
+// n_obs queries (the observation window; SnapKV's window is its last `window` of them, H2O's scores
+// are their accumulated attention). Streaming methods do not yet keep compressing while decoding.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kvlab/attention/attention.h"
+#include "kvlab/attention/backend.h"
+#include "kvlab/compress/compressor.h"
+
+namespace kvlab {
+
+struct CompressedLayer {
+  KVSet num;                 // keys/values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  KVSet den;                 // keys [Hkv, m', d], bias, pos; undefined keys = the numerator set
+  double logit_scale = 1.0;  // BUZZ log n
+  int64_t n_positions = 0;   // positions seen so far (the next token's position)
+
+  bool has_den() const { return den.keys.defined(); }
+  int64_t bytes() const;     // K, V, bias (and the denominator's keys and bias) held
+};
+
+// Compresses one layer of an exact prefill with `c`, through compress/layout (the same calls
+// replay makes). k, v [Hkv, n, d] at positions 0..n-1; q_obs [Hq, n_obs, d] the queries of the
+// last n_obs prompt positions (may be undefined). [0, keep_first) and [n - keep_last, n) stay exact.
+CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
+                               int layer, int n_layers, double* compress_ms = nullptr);
+
+class CompressedAttention : public AttentionBackend {
+ public:
+  explicit CompressedAttention(std::vector<CompressedLayer> layers);
+  // Appends k_new/v_new exactly at pos0 (= the layer's n_positions), then attends causally over
+  // everything held. q [Hq, T, d] -> [Hq, T, d].
+  at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                    int64_t pos0) override;
+  // A compressed cache is made from a prefill; it cannot start a new sequence.
+  void reset() override;
+  const CompressedLayer& layer(int l) const { return layers_.at(l); }
+  int64_t bytes() const;  // over all layers
+
+ private:
+  std::vector<CompressedLayer> layers_;
+};
+
+}  // namespace kvlab

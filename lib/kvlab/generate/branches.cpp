@@ -1,0 +1,97 @@
+#include "kvlab/generate/branches.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/cache/compressed_cache.h"
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+namespace {
+
+// Keeps each layer's last n_obs queries of the prefill.
+struct ObsTap : QkvTap {
+  int64_t n_obs = 0;
+  std::vector<at::Tensor>* q_obs = nullptr;
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor&, const at::Tensor&) override {
+    const int64_t t = q.size(1), m = std::min(n_obs, t);
+    (*q_obs)[layer] = q.narrow(1, t - m, m).clone();  // [Hq, m, d]
+  }
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int64_t Prefill::exact_kv_bytes() const {
+  int64_t b = 0;
+  for (size_t l = 0; l < k.size(); ++l) b += k[l].nbytes() + v[l].nbytes();
+  return b;
+}
+
+Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int64_t n_obs) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(!prompt.empty(), "generate: the prompt has no tokens (give --prompt or --prompt-ids)");
+  KVLAB_CHECK(n_obs >= 0, "--obs-queries must be >= 0, got {}", n_obs);
+  const int64_t n_layers = model.config.n_layers;
+  auto t0 = std::chrono::steady_clock::now();
+  Prefill p;
+  p.prompt = prompt;
+  p.q_obs.resize(n_layers);
+  ObsTap tap;
+  tap.n_obs = n_obs;
+  tap.q_obs = &p.q_obs;
+  ExactAttention attn(n_layers);
+  ForwardOptions fo;
+  fo.tap = n_obs > 0 ? &tap : nullptr;
+  p.last_logits = forward(model, at::tensor(prompt, at::kLong), 0, attn, fo).select(0, 0);  // [vocab]
+  for (int64_t l = 0; l < n_layers; ++l) {
+    p.k.push_back(attn.keys(l).clone());    // [Hkv, n, d]
+    p.v.push_back(attn.values(l).clone());  // [Hkv, n, d]
+  }
+  p.seconds = seconds_since(t0);
+  return p;
+}
+
+BranchResult run_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(spec.keep_first >= 0 && spec.keep_last >= 0, "--keep-first and --keep-last must be >= 0");
+  BranchResult r;
+  CompressOptions co;
+  co.budget = spec.budget;
+  co.seed = spec.seed;
+  std::vector<CompressedLayer> layers;
+  const int n_layers = static_cast<int>(model.config.n_layers);
+  for (int l = 0; l < n_layers; ++l)
+    layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
+                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms));
+  CompressedAttention attn(std::move(layers));
+  r.kv_bytes = attn.bytes();
+
+  auto t0 = std::chrono::steady_clock::now();
+  at::Tensor logits = prefill.last_logits;  // [vocab]
+  int64_t pos = static_cast<int64_t>(prefill.prompt.size());
+  const auto& eos = model.config.eos_token_ids;
+  for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
+    if (step > 0) {
+      at::Tensor token = at::tensor(std::vector<int64_t>{r.ids.back()}, at::kLong);  // [1]
+      logits = forward(model, token, pos, attn).select(0, 0);                         // [vocab]
+      ++pos;
+    }
+    if (opt.on_logits) opt.on_logits(step, logits);
+    const int64_t next = logits.argmax().item<int64_t>();
+    r.ids.push_back(next);
+    if (opt.on_token) opt.on_token(next);
+    if (opt.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+  }
+  r.decode_seconds = seconds_since(t0);
+  return r;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,56 @@
+// One prefill, many methods (issue 10). For a prompt the exact prefill is the same for every
+// method and ratio and dominates CPU time: run it once, keep the exact cache, the last logits and
+// each layer's last n_obs queries (the observation window), and branch: each (method, budget,
+// seed) compresses every layer of that cache (cache/compressed_cache.h, the calls replay makes)
+// and decodes greedily through its own CompressedAttention. The prefill is never modified.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kvlab/compress/method_spec.h"
+#include "kvlab/model/model.h"
+
+namespace kvlab {
+
+struct Prefill {
+  std::vector<int64_t> prompt;
+  at::Tensor last_logits;          // [vocab] float32, the prediction after the prompt
+  std::vector<at::Tensor> k, v;    // per layer [Hkv, n, d] post-RoPE, exact
+  std::vector<at::Tensor> q_obs;   // per layer [Hq, n_obs, d] the last n_obs prompt queries
+  double seconds = 0;
+  int64_t exact_kv_bytes() const;  // K + V of every layer
+};
+
+// One exact forward over `prompt`, keeping what every branch needs.
+Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int64_t n_obs);
+
+struct BranchSpec {
+  MethodSpec method;
+  Budget budget;
+  uint64_t seed = 0;
+  int64_t keep_first = 0;  // positions kept exact before the compressed region
+  int64_t keep_last = 0;   // prompt positions kept exact after it
+};
+
+struct BranchOptions {
+  int64_t max_new_tokens = 64;
+  bool stop_at_eos = true;
+  std::function<void(int64_t step, const at::Tensor& logits)> on_logits;  // logits [vocab] of each choice
+  std::function<void(int64_t id)> on_token;
+};
+
+struct BranchResult {
+  std::vector<int64_t> ids;     // generated tokens
+  int64_t kv_bytes = 0;         // the compressed cache right after compression
+  double compress_ms = 0;       // every layer's compress() call
+  double decode_seconds = 0;
+};
+
+// Compresses every layer of `prefill` with the branch's method and decodes greedily.
+BranchResult run_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt);
+
+}  // namespace kvlab
