@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace kvlab::test {
 
@@ -46,6 +48,13 @@ double max_rel_diff(const at::Tensor& a, const at::Tensor& b, double floor) {
   auto ad = a.to(at::kDouble), bd = b.to(at::kDouble);
   auto denom = bd.abs().clamp_min(floor);
   return ((ad - bd).abs() / denom).max().item<double>();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace kvlab::test

@@ -13,6 +13,8 @@ std::string shared_dir();
 std::string fixtures_dir();
 // A fresh empty directory under the build tree, unique per call.
 std::string temp_dir(const std::string& tag);
+// The whole file as a string (empty if it cannot be read).
+std::string read_file(const std::string& path);
 // The kvlab binary ($KVLAB_BIN, set by CTest).
 std::string kvlab_bin();
 // Runs a shell command; returns exit code, stdout+stderr in `out`.

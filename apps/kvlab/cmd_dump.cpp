@@ -14,6 +14,7 @@
 #endif
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -24,6 +25,7 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/progress.h"
+#include "kvlab/core/report.h"
 #include "kvlab/eval/datasets.h"
 #include "kvlab/io/capture.h"
 #include "kvlab/model/model.h"
@@ -46,6 +48,7 @@ struct DumpOptions {
   std::string device = "cpu";
   std::string chat_template = "auto";
   std::string out = "capture.h5";
+  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("dataset", dataset, "JSONL prompt source (LongBench, LongEval, XSUM or {prompt|text} records)");
@@ -59,7 +62,8 @@ struct DumpOptions {
     f.add("compute_dtype", compute_dtype, "forward-pass dtype: fp32 | bf16 | fp16");
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("chat_template", chat_template, "none | auto | a template name (records may opt out)");
-    f.add("out", out, "output capture file (.h5)");
+    f.add("out", out, "output capture file (.h5); never one of the inputs");
+    f.add("overwrite", overwrite, "replace an existing --out file");
   }
 };
 
@@ -157,6 +161,7 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   lo.dtype = parse_compute_dtype(o.compute_dtype, "--compute-dtype");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
+  check_output_file(o.out, "--out", {src.path, src.tokenizer_path, o.dataset, o.prompt_file}, o.overwrite);
 
   // Prompts first, so a bad --dataset fails before the model loads.
   std::vector<PromptRecord> records;
@@ -170,7 +175,12 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   } else {
     PromptRecord r;
     r.id = "prompt";
+    if (!o.prompt_file.empty())
+      KVLAB_CHECK(std::filesystem::is_regular_file(o.prompt_file), "--prompt-file {}: not a regular file",
+                  o.prompt_file);
     r.prompt = o.prompt_file.empty() ? o.prompt : read_text(o.prompt_file, "--prompt-file");
+    KVLAB_CHECK(r.prompt.find_first_not_of(" \t\r\n") != std::string::npos, "{}: the prompt is empty",
+                o.prompt_file.empty() ? "--prompt" : "--prompt-file " + o.prompt_file);
     records.push_back(r);
     source_name = o.prompt_file.empty() ? "prompt" : o.prompt_file;
   }

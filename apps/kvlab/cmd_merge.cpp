@@ -5,6 +5,7 @@
 
 #include <iostream>
 #include <memory>
+#include <filesystem>
 #include <set>
 
 #include "command.h"
@@ -21,14 +22,23 @@ namespace {
 struct MergeOptions {
   std::vector<std::string> inputs;
   std::string out;
+  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("inputs", inputs, "run directories (or result.json files) of the shards").positional();
-    f.add("out", out, "directory of the merged run").required();
+    f.add("out", out, "directory of the merged run (never one of the inputs)").required();
+    f.add("overwrite", overwrite, "replace a --out folder that holds the results of another config");
   }
 };
 
 void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(!o.inputs.empty(), "merge: give the shard run directories to merge");
+  namespace fs = std::filesystem;
+  for (const auto& in : o.inputs) {
+    const fs::path dir = fs::is_directory(in) ? fs::path(in) : fs::path(in).parent_path();
+    std::error_code ec;
+    KVLAB_CHECK(!(fs::exists(o.out) && fs::equivalent(dir, o.out, ec)),
+                "--out {} is one of the inputs ({}); merging into it would replace that shard", o.out, in);
+  }
   nlohmann::json rows = nlohmann::json::array(), shards = nlohmann::json::array();
   nlohmann::json base_config;
   std::set<std::string> seen_shards;
@@ -55,7 +65,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   }
   KVLAB_CHECK(int(seen_shards.size()) == expected_n, "merge: {} of {} shards given; missing shards would bias the "
               "aggregate", seen_shards.size(), expected_n);
-  RunDir run(o.out, "merge", effective, /*exact=*/true);
+  RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
   auto context = context_block("cpu", 0, base_config);
   context["merged_from"] = shards;
   auto agg = replay_aggregates(rows);

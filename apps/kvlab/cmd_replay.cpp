@@ -34,6 +34,7 @@ struct ReplayOptions {
   std::string eval_queries = "last:256";
   int64_t obs_queries = 256;
   bool rerotate = false;
+  bool overwrite = false;
   std::string layers = "all";
   std::string heads = "all";
   std::string samples = "all";
@@ -77,6 +78,7 @@ struct ReplayOptions {
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
     f.add("quiet", quiet, "no progress output");
+    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
     f.add("rows_out", rows_out, "per-head rows: inline in result.json, or jsonl = rows.jsonl beside a result.json "
                                 "holding context + aggregate + \"rows_file\" (for big runs)")
         .one_of({"inline", "jsonl"});
@@ -94,6 +96,8 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(!o.capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
   auto settings = budget_settings(o.ratio, o.budget, o.T);
   auto methods = build_methods(o.method, o.param, o.params);
+  KVLAB_CHECK(o.seed_list.empty() || o.seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
+              "of {})", o.seeds, o.seed_list.size());
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
   parse_device(o.device, "--device");
@@ -116,9 +120,15 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   auto samples = o.samples == "all" ? parse_index_list("all", int(cap.n_samples()), "--samples")
                                     : parse_index_list(o.samples, int(cap.n_samples()), "--samples");
 
-  // Both query windows must fit in every selected sample: checked before anything is written.
-  for (int s : samples)
-    split_queries(cap.sample(s).n_q, proto, fmt::format("{}: sample {}", o.capture, s));
+  // Both query windows must fit in every selected sample, and something must be left to compress:
+  // checked before anything is written.
+  for (int s : samples) {
+    const auto w = split_queries(cap.sample(s).n_q, proto, fmt::format("{}: sample {}", o.capture, s));
+    const int64_t n = cap.sample(s).n_tokens, tail = std::max(o.keep_last, w.n_eval);
+    KVLAB_CHECK(n - tail - o.keep_first >= 1, "--keep-first {} and --keep-last {} (the tail holds the {} evaluation "
+                "queries) leave nothing to compress in sample {} of {} tokens", o.keep_first, o.keep_last, w.n_eval,
+                s, n);
+  }
 
   std::vector<std::pair<int64_t, int>> units;
   for (int s : samples)
@@ -127,7 +137,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   for (size_t i = 0; i < units.size(); ++i)
     if (static_cast<int>(i % shard_n) == shard_i) mine.push_back(units[i]);
 
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty());
+  KVLAB_CHECK(!mine.empty(), "--shard {}: this shard has no units ({} (sample, layer) units in all); use at most {} "
+              "shards", o.shard, units.size(), units.size());
+  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
   auto context = context_block(o.device, seeds.front(), effective);
   context["capture"] = {{"file", o.capture}, {"model_id", meta.model_id}, {"source_dataset", meta.source_dataset},
                         {"git_sha", meta.git_sha}};

@@ -129,8 +129,11 @@ std::string command_line(const std::vector<std::string>& argv) {
   return s;
 }
 
+// Capture steps replace their own output (the run re-makes it when its config changed).
 std::vector<std::string> step_argv(const std::string& exe, const Step& s) {
-  return {exe, "--threads", std::to_string(threads()), s.command, "--config", s.config_file};
+  std::vector<std::string> argv = {exe, "--threads", std::to_string(threads()), s.command, "--config", s.config_file};
+  if (kCachedCommands.count(s.command)) argv.push_back("--overwrite");
+  return argv;
 }
 
 std::string sidecar_path(const std::string& out) { return out + ".config.json"; }

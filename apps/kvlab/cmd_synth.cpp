@@ -8,6 +8,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/report.h"
 #include "kvlab/io/synthetic.h"
 
 namespace kvlab::cli {
@@ -15,6 +16,7 @@ namespace {
 
 struct SynthOptions {
   std::string out;
+  bool overwrite = false;
   std::string kind = "random";
   int64_t tokens = 1024;
   int64_t queries = 64;
@@ -29,6 +31,7 @@ struct SynthOptions {
   std::string dtype = "float32";
   void fields(FieldList& f) {
     f.add("out", out, "output capture file (.h5)").required();
+    f.add("overwrite", overwrite, "replace an existing --out file");
     f.add("kind", kind, "random | clustered | heavy").one_of({"random", "clustered", "heavy"});
     f.add("tokens", tokens, "tokens per sample (n_tokens)");
     f.add("queries", queries, "captured trailing queries per sample (n_q)");
@@ -45,6 +48,7 @@ struct SynthOptions {
 };
 
 void run_synth(const SynthOptions& o, const nlohmann::json& /*effective*/) {
+  check_output_file(o.out, "--out", {}, o.overwrite);
   KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
   KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens={}], got {}",
               o.tokens, o.queries);

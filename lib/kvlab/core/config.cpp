@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <sstream>
 
@@ -99,11 +100,26 @@ nlohmann::json read_json_file(const std::string& path) {
   KVLAB_CHECK(in.good(), "cannot open JSON file '{}'", path);
   std::stringstream ss;
   ss << in.rdbuf();
+  // A key given twice in one object would silently keep the last value: refuse it.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  auto check_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) open_objects.emplace_back();
+    if (event == E::object_end && !open_objects.empty()) open_objects.pop_back();
+    if (event == E::key && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
+  nlohmann::json j;
   try {
-    return nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(ss.str(), check_keys);
   } catch (const nlohmann::json::parse_error& e) {
     KVLAB_FAIL("{}: invalid JSON at byte {}: {}", path, e.byte, e.what());
   }
+  KVLAB_CHECK(duplicate.empty(), "{}: key '{}' is given twice in one object", path, duplicate);
+  return j;
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

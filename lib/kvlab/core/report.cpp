@@ -27,12 +27,34 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   KVLAB_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
 }
 
+void check_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs,
+                       bool overwrite) {
+  namespace fs = std::filesystem;
+  KVLAB_CHECK(!path.empty(), "{} is required", flag);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  for (const auto& in : inputs) {
+    if (in.empty() || !fs::exists(in, ec)) continue;
+    if (fs::is_directory(in, ec)) {
+      for (const auto& e : fs::recursive_directory_iterator(in, ec))
+        KVLAB_CHECK(!fs::equivalent(e.path(), path, ec), "{} {}: is {}, an input of this command; refusing to write "
+                    "over it", flag, path, e.path().string());
+    } else {
+      KVLAB_CHECK(!fs::equivalent(in, path, ec), "{} {}: is an input of this command ({}); refusing to write over it",
+                  flag, path, in);
+    }
+  }
+  KVLAB_CHECK(fs::is_regular_file(path, ec), "{} {}: exists and is not a regular file; refusing to write over it",
+              flag, path);
+  KVLAB_CHECK(overwrite, "{} {}: exists; pass --overwrite to replace it", flag, path);
+}
+
 void write_json_atomic(const std::string& path, const nlohmann::json& j) {
   write_text_atomic(path, j.dump(2) + "\n");
 }
 
 RunDir::RunDir(const std::string& base, const std::string& experiment, const nlohmann::json& config,
-               bool exact) {
+               bool exact, bool overwrite) {
   namespace fs = std::filesystem;
   if (exact) {
     path_ = base;
@@ -41,6 +63,22 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
     path_ = fmt::format("{}/{}/{}_{}{}", base, experiment, utc_stamp(), sha, git_dirty() ? "-dirty" : "");
   }
   std::error_code ec;
+  if (exact && fs::exists(path_ + "/config.json") && !overwrite) {
+    // A folder of earlier results is never replaced by a run of another config.
+    auto same = [](nlohmann::json a, nlohmann::json b) {
+      for (auto* j : {&a, &b})
+        if (j->is_object())
+          for (const char* k : {"overwrite", "quiet", "out"}) j->erase(k);
+      return a == b;
+    };
+    nlohmann::json earlier;
+    try {
+      earlier = nlohmann::json::parse(std::ifstream(path_ + "/config.json"));
+    } catch (const std::exception&) {
+    }
+    KVLAB_CHECK(same(earlier, config), "--out {}: holds the results of another config ({}/config.json differs); "
+                "choose another --out, or pass --overwrite to replace them", path_, path_);
+  }
   fs::create_directories(path_, ec);
   KVLAB_CHECK(!ec, "cannot create results directory '{}': {}", path_, ec.message());
   write_json_atomic(file("config.json"), config);

@@ -13,13 +13,21 @@ namespace kvlab {
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// Before a command writes the file `path` (given by `flag`): refuses, with one line naming the
+// flag, a path that is one of `inputs` (a file, or any file inside an input directory: e.g. the
+// model being read) whatever `overwrite` says; a path that exists and is not a regular file; and
+// an existing file unless `overwrite`.
+void check_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs,
+                       bool overwrite);
+
 // A run directory: results/<experiment>/<UTC yyyymmdd-HHMMSS>_<sha7>[-dirty]/ holding
 // config.json at creation and result.json at the end.
 class RunDir {
  public:
-  // base: e.g. "results"; an explicit `--out` dir is used as is when `exact` is true.
+  // base: e.g. "results"; an explicit `--out` dir is used as is when `exact` is true. An exact
+  // dir holding the config.json of another config is refused unless `overwrite`.
   RunDir(const std::string& base, const std::string& experiment, const nlohmann::json& config,
-         bool exact = false);
+         bool exact = false, bool overwrite = false);
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   // Writes result.json = {"context": ..., "rows": rows, ...extra}.
