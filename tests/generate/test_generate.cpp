@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "kvlab/attention/exact_cache.h"
@@ -136,6 +137,45 @@ TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (stories2
     auto r = run_branch(model, pre, spec, bo);
     CHECK(r.ids == ref_ids);
     REQUIRE(logits.size() == ref_logits.size());
+    double worst = 0;
+    for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, (logits[i] - ref_logits[i]).abs().max().item<double>());
+    CHECK(worst < 1e-4);
+  }
+}
+
+TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (SmolLM2, a 2k-token prompt)") {
+  // Skips when data_scripts/get_smollm2.sh has not run (the test command fetches it).
+  std::string gguf;
+  const char* env = std::getenv("KVLAB_MODELS");
+  const fs::path dir = fs::path(env && *env ? env : std::string(KVLAB_SOURCE_DIR) + "/models") / "smollm2-135m";
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".gguf") gguf = e.path().string();
+  if (gguf.empty()) {
+    MESSAGE("skipped: no " << dir.string() << "/*.gguf (run data_scripts/get_smollm2.sh)");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  std::vector<int64_t> prompt;  // 2,048 tokens of a deterministic pseudo-text
+  for (int64_t i = 0; i < 2048; ++i) prompt.push_back(1 + (i * 7919 + (i / 13) * 104729) % 40000);
+  ExactAttention exact(model.config.n_layers);
+  GenerateOptions go;
+  go.max_new_tokens = 6;
+  go.stop_at_eos = false;
+  std::vector<at::Tensor> ref_logits;
+  go.on_logits = [&](int64_t, const at::Tensor& l) { ref_logits.push_back(l.clone()); };
+  const auto ref_ids = generate_greedy(model, prompt, exact, go);
+  Prefill pre = run_prefill(model, prompt, 64);
+  for (const auto& info : compressor_infos()) {
+    INFO("method=" << info.name);
+    BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
+    BranchOptions bo;
+    bo.max_new_tokens = 6;
+    bo.stop_at_eos = false;
+    std::vector<at::Tensor> logits;
+    bo.on_logits = [&](int64_t, const at::Tensor& l) { logits.push_back(l.clone()); };
+    CHECK(run_branch(model, pre, spec, bo).ids == ref_ids);
     double worst = 0;
     for (size_t i = 0; i < logits.size(); ++i) worst = std::max(worst, (logits[i] - ref_logits[i]).abs().max().item<double>());
     CHECK(worst < 1e-4);
