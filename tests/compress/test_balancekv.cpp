@@ -14,6 +14,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/compress/balancekv.h"
+#include "kvlab/compress/balancekv_mr.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
 #include "kvlab/io/synthetic.h"
@@ -364,3 +365,59 @@ TEST_CASE("BalanceKV beats uniform halving at the paper's setting (b=256, temp 0
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("balancekv-mr: SoftmaxBalance's p_j, c and the value-norm buckets on cases computed by hand") {
+  using namespace kvlab::balancekv_mr;
+  // c = 30·log(n/δ), δ = 1/n when not given.
+  CHECK(balance_c(100, 0.0) == doctest::Approx(30.0 * std::log(100.0 * 100.0)));
+  CHECK(balance_c(100, 0.01) == doctest::Approx(30.0 * std::log(1e4)));
+  CHECK(balance_c(64, 0.5) == doctest::Approx(30.0 * std::log(128.0)));
+  // Buckets 2^(i-1) <= |v| < 2^i.
+  CHECK(value_bucket(0.5) == 0);
+  CHECK(value_bucket(0.99) == 0);
+  CHECK(value_bucket(1.0) == 1);
+  CHECK(value_bucket(3.0) == 2);
+  CHECK(value_bucket(4.0) == 3);
+  CHECK(value_bucket(0.2) == -2);
+  // The walk on 4 tokens with zero keys and scalar values: every y_i = e^0 · 1 = 1 and R = 1, so
+  // p_j = 1/2 − (Σ_{i<j} η_i)/(2c). With c = 1: p_0 = 1/2; after η_0 = +1, p_1 = 0 (η_1 = −1 for
+  // sure); then p_2 = 1/2; ... Reproduce the draws by hand and compare the kept class.
+  TokenStore s;
+  s.d = 1;
+  s.dv = 1;
+  for (int i = 0; i < 4; ++i) s.k.push_back(0.0), s.v.push_back(1.0), s.knorm.push_back(0.0), s.vnorm.push_back(1.0);
+  MrConfig cfg;
+  cfg.c = 1.0;
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u}) {
+    INFO("seed=" << seed);
+    std::mt19937_64 gen(seed), mirror(seed);
+    auto kept = softmax_balance({0, 1, 2, 3}, s, /*scalar_values=*/true, cfg, &gen);
+    std::vector<int> eta;
+    int sum = 0;
+    for (int j = 0; j < 4; ++j) {
+      const double p = std::min(1.0, std::max(0.0, 0.5 - sum / 2.0));  // 1/2 − Σ/(2c), clamped
+      const double u = static_cast<double>(mirror() >> 11) * 0x1.0p-53;
+      eta.push_back(u < p ? 1 : -1);
+      sum += eta.back();
+    }
+    const int pos = static_cast<int>(std::count(eta.begin(), eta.end(), 1));
+    const int keep = pos <= 4 - pos ? 1 : -1;  // the smaller class, + on a tie
+    std::vector<int64_t> want;
+    for (int j = 0; j < 4; ++j)
+      if (eta[j] == keep) want.push_back(j);
+    CHECK(kept == want);
+    // With c = 1 the walk alternates after any sign: |Ση| never exceeds 1, so the classes are 2 and 2.
+    CHECK(kept.size() == 2);
+  }
+  // A large c makes the walk a fair coin: p_j = 1/2 − tiny.
+  cfg.c = 1e12;
+  std::mt19937_64 gen(9), mirror(9);
+  auto kept = softmax_balance({0, 1, 2, 3}, s, true, cfg, &gen);
+  std::vector<int> eta;
+  for (int j = 0; j < 4; ++j) eta.push_back(static_cast<double>(mirror() >> 11) * 0x1.0p-53 < 0.5 ? 1 : -1);
+  const int pos = static_cast<int>(std::count(eta.begin(), eta.end(), 1));
+  std::vector<int64_t> want;
+  for (int j = 0; j < 4; ++j)
+    if (eta[j] == (pos <= 4 - pos ? 1 : -1)) want.push_back(j);
+  CHECK(kept == want);
+}

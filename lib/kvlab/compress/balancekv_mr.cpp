@@ -55,31 +55,22 @@
 #include <random>
 #include <vector>
 
+#include "kvlab/compress/balancekv_mr.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
 
-namespace kvlab {
-namespace {
+namespace kvlab::balancekv_mr {
 
 double unit_uniform(std::mt19937_64& gen) { return static_cast<double>(gen() >> 11) * 0x1.0p-53; }
 
-struct MrConfig {
-  int T = 2;
-  int64_t t = 256;
-  double c = 0;          // 30·log(n/δ)
-  double epsilon = 0.1;
-  double r_fixed = 0;    // 0 = running max key norm
-  int64_t horizon = 1;   // n of the erasure rule
-  bool dry = false;      // SoftmaxBalance keeps the first ⌊m/2⌋ (memory upper bound), no RNG
-};
-
-// Tokens seen so far (rows by token id), float64.
-struct TokenStore {
-  int64_t d = 0, dv = 0;
-  std::vector<double> k, v, knorm, vnorm;  // [N·d], [N·dv], [N], [N]
-};
-
 // Algorithm 2 over `items` (token ids, in stream order); scalar_values: all values are 1.
+double balance_c(int64_t horizon, double delta) {
+  const double d = delta > 0 ? delta : 1.0 / static_cast<double>(horizon);
+  return 30.0 * std::log(static_cast<double>(horizon) / d);
+}
+
+int value_bucket(double vnorm) { return static_cast<int>(std::floor(std::log2(vnorm))) + 1; }
+
 std::vector<int64_t> softmax_balance(const std::vector<int64_t>& items, const TokenStore& s,
                                      bool scalar_values, const MrConfig& cfg, std::mt19937_64* gen) {
   const int64_t m = static_cast<int64_t>(items.size());
@@ -122,6 +113,13 @@ std::vector<int64_t> softmax_balance(const std::vector<int64_t>& items, const To
     if (eta[j] == keep_sign) out.push_back(items[j]);
   return out;
 }
+
+}  // namespace kvlab::balancekv_mr
+
+namespace kvlab {
+namespace {
+
+using namespace balancekv_mr;
 
 // Algorithm 3's state: levels C^0..C^T of token ids.
 class MergeAndReduce {
@@ -175,7 +173,7 @@ class BalanceKVStream {
     store_.vnorm.push_back(vn);
     r_ = std::max(r_, kn);
     if (vn > 0) {  // lines 4-5: bucket i with 2^(i-1) <= ‖v‖ < 2^i
-      const int i = static_cast<int>(std::floor(std::log2(vn))) + 1;
+      const int i = value_bucket(vn);
       num_.try_emplace(i, cfg_, false).first->second.append(id, store_, gen_);
     }
     v_max_ = std::max(v_max_, vn);  // lines 6-8
@@ -271,7 +269,7 @@ class BalanceKVMR final : public Compressor {
     cfg.r_fixed = r_;
     cfg.horizon = std::max<int64_t>(n, 2);
     const double delta = delta_ > 0 ? delta_ : 1.0 / static_cast<double>(cfg.horizon);
-    cfg.c = 30.0 * std::log(static_cast<double>(cfg.horizon) / delta);
+    cfg.c = balance_c(cfg.horizon, delta);
     if (opt.budget.is_halvings()) {
       cfg.T = opt.budget.halvings;
     } else if (opt.budget.is_set()) {
