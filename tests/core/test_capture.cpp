@@ -68,6 +68,21 @@ TEST_CASE("capture round trip in float32, float16 and bfloat16") {
   }
 }
 
+TEST_CASE("tiny captures read back: a chunk that deflate grew is no corruption") {
+  // stories260K's bfloat16 dump stores 183 bytes for a 176-byte [1, 11, 8] chunk.
+  SyntheticSpec s;
+  s.n_layers = 2, s.n_q_heads = 2, s.n_kv_heads = 1, s.head_dim = 8, s.n_tokens = 11, s.n_q = 11;
+  for (std::string dtype : {"float32", "float16", "bfloat16"})
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      INFO(dtype << " seed " << seed);
+      s.seed = seed;
+      auto path = test::temp_dir("cap_tiny") + "/c.h5";
+      write_synthetic_capture(path, s, dtype);
+      CaptureReader r(path);
+      CHECK(r.read_layer(0, 1).k.sizes() == at::IntArrayRef({1, 11, 8}));
+    }
+}
+
 TEST_CASE("a failed write leaves no file and keeps an existing one") {
   auto dir = test::temp_dir("cap_fail");
   auto path = dir + "/c.h5";
@@ -351,6 +366,91 @@ TEST_CASE("dataset shapes are checked against the attributes before any read") {
     INFO(e);
     CHECK(e.find("'/sample_0000/layer_00/k'") != std::string::npos);
     CHECK(e.find("link") != std::string::npos);
+  }
+}
+
+namespace {
+uint64_t le_at(const std::string& b, size_t at, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | uint8_t(b[at + size_t(i)]);
+  return v;
+}
+// File offsets of the header messages of `type` in the (version-1) object header of `object`:
+// each points at the message's 8-byte header {u16 type, u16 size, u8 flags, 3 reserved}.
+std::vector<size_t> header_messages(const std::string& path, const std::string& object, uint16_t type) {
+  H5O_info_t info;
+  {
+    H5::H5File f(path, H5F_ACC_RDONLY);
+    REQUIRE(H5Oget_info_by_name2(f.getId(), object.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0);
+  }
+  const std::string b = read_bytes(path);
+  std::vector<std::pair<size_t, size_t>> chunks = {{size_t(info.addr) + 16, size_t(le_at(b, info.addr + 8, 4))}};
+  std::vector<size_t> found;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (size_t off = 0; off + 8 <= chunks[c].second;) {
+      const size_t at = chunks[c].first + off, size = le_at(b, at + 2, 2);
+      if (le_at(b, at, 2) == 0x10) chunks.emplace_back(le_at(b, at + 8, 8), le_at(b, at + 16, 8));
+      if (le_at(b, at, 2) == type) found.push_back(at);
+      off += 8 + size;
+    }
+  return found;
+}
+}  // namespace
+
+TEST_CASE("header messages whose sizes lie are refused before HDF5 decodes them") {
+  // What the capture fuzzer found HDF5 1.10 reading past (fuzz/README.md): it trusts the sizes
+  // inside an object header's messages when it decodes them.
+  auto dir = test::temp_dir("cap_hdr");
+  auto good = dir + "/good.h5";
+  write_synthetic_capture(good, small_spec());
+  auto p = dir + "/bad.h5";
+  std::string b = read_bytes(good);
+  SUBCASE("an attribute's name size running past its message (SEGV in H5Aexists)") {
+    size_t name = b.find(std::string("kvlab_capture_version") + '\0');
+    REQUIRE(name != std::string::npos);
+    b.replace(name - 6, 2, le_bytes<uint16_t>(0xfff0));  // version-1 message: name size at +2, name at +8
+    write_bytes(p, b);
+    std::string e = open_error(p);
+    INFO(e);
+    CHECK(e.find(p) != std::string::npos);
+    CHECK(e.find("group '/'") != std::string::npos);
+    CHECK(e.find("name, datatype and dataspace of 65552 bytes in a 64-byte message") != std::string::npos);
+  }
+  SUBCASE("a filter name without its NUL (heap over-read under H5Dopen)") {
+    size_t name = b.find(std::string("deflate") + '\0');
+    REQUIRE(name != std::string::npos);
+    b[name + 7] = 'x';
+    write_bytes(p, b);
+    std::string e = open_error(p);
+    INFO(e);
+    CHECK(e.find("dataset '/sample_0000/layer_00/q'") != std::string::npos);
+    CHECK(e.find("a name without its terminating NUL") != std::string::npos);
+  }
+  SUBCASE("a chunked dataset whose filter pipeline became a null message (heap over-read in H5Dread)") {
+    auto pipelines = header_messages(good, "/sample_0000/layer_01/k", 0x000b);
+    REQUIRE(pipelines.size() == 1);
+    b.replace(pipelines[0], 2, le_bytes<uint16_t>(0));
+    write_bytes(p, b);
+    CaptureReader r(p);  // the dataset is still a well-formed chunked float32 one
+    std::string e;
+    try {
+      (void)r.read_layer(0, 1);
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    INFO(e);
+    CHECK(e.find("dataset '/sample_0000/layer_01/k'") != std::string::npos);
+    CHECK(e.find("that no filter decodes") != std::string::npos);
+  }
+  SUBCASE("a message of a type no capture holds") {
+    auto mtimes = header_messages(good, "/sample_0001/layer_02/v", 0x0012);
+    REQUIRE(mtimes.size() == 1);
+    b.replace(mtimes[0], 2, le_bytes<uint16_t>(0x0007));  // an external file list
+    write_bytes(p, b);
+    std::string e = open_error(p);
+    INFO(e);
+    CHECK(e.find("dataset '/sample_0001/layer_02/v'") != std::string::npos);
+    CHECK(e.find("type 0x0007") != std::string::npos);
   }
 }
 

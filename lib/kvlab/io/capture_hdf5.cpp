@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "kvlab/core/check.h"
@@ -39,9 +40,13 @@ herr_t record_error(hid_t stack, void* /*client_data*/) {
 
 void init_hdf5() {
   static const bool done = [] {
-    H5::Exception::dontPrint();
+    H5::Exception::dontPrint();  // the first HDF5 call: HDF5 registers its atexit clean-up here
     H5Eset_auto2(H5E_DEFAULT, record_error, nullptr);
     H5PLset_loading_state(0);
+    // Runs before HDF5's clean-up (atexit is last in, first out). HDF5 prints "infinite loop
+    // closing library" at exit when a failed open left objects it cannot close, unless no
+    // auto-report function is set.
+    std::atexit([] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
     return true;
   }();
   (void)done;

@@ -1,12 +1,14 @@
 // CaptureReader: opens a capture (a file, or a file image in memory) and checks everything HDF5
 // will be asked to read before it is read; the non-finite checks; the summary 'kvlab inspect' prints.
 //
-// The reader trusts no byte of the file. Before HDF5 reads (or converts) an attribute, its type
-// class, size, string kind and value count are checked; before it reads a dataset, the link
-// kind of every part of its path, its shape against the attributes, its type, layout, filters and
-// chunk size. What is left, HDF5 failing on corrupt metadata or data, is caught at one boundary
-// (Impl::guard, around every public entry point) and becomes one kvlab::Error naming the file and
-// the object HDF5 was working on.
+// The reader trusts no byte of the file. Before HDF5 decodes an object's header, the header is
+// checked from the file's bytes (check_object_header: HDF5 1.10 reads past corrupted message
+// sizes); before HDF5 reads (or converts) an attribute, its type class, size, string kind and value
+// count are checked; before it reads a dataset, the link kind of every part of its path, its shape
+// against the attributes, its type, layout, filters, chunk size and each chunk's stored size.
+// What is left, HDF5 failing on corrupt metadata or data, is caught at one boundary (Impl::guard,
+// around every public entry point) and becomes one kvlab::Error naming the file and the object
+// HDF5 was working on.
 #include <H5Cpp.h>
 
 #include <algorithm>
@@ -73,6 +75,7 @@ struct CaptureReader::Impl {
   std::string path;  // or the name of a file image
   H5::H5File file;
   int64_t image_bytes = -1;  // a file image's size; -1 for a file on disk
+  RawBytes raw;              // the same bytes, for check_header
   CaptureMeta meta;
   std::vector<SampleInfo> samples;
   at::ScalarType dtype = at::kFloat;
@@ -115,11 +118,34 @@ struct CaptureReader::Impl {
     }
   }
 
+  // The header of the object at a path (type and address; HDF5 decodes no message for these),
+  // checked from the file's bytes (check_object_header) to be a `kind` before HDF5 decodes it.
+  void check_header(const std::string& name, H5O_type_t kind) const {
+    H5O_info_t info;
+    if (H5Oget_info_by_name2(file.getId(), name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+      throw H5::Exception("H5Oget_info_by_name2", "cannot read the object header of '" + name + "'");
+    expect(info.type == kind, "expected a {}, found another kind of object",
+           kind == H5O_TYPE_GROUP ? "group" : "dataset");
+    const std::string e = check_object_header(raw, info.addr, kind == H5O_TYPE_DATASET);
+    expect(e.empty(), "{} (corrupt file?)", e);
+  }
+
   H5::Group open_group(const std::string& name) const {
     at = fmt::format("group '{}'", name);
     require_hard_links(name, "group");
-    expect(file.childObjType(name) == H5O_TYPE_GROUP, "expected a group, found another kind of object");
+    check_header(name, H5O_TYPE_GROUP);
     return file.openGroup(name);
+  }
+
+  // HDF5's base address (the user block's size), after checking the address and length sizes
+  // that check_object_header assumes.
+  uint64_t base_address() const {
+    H5::FileCreatPropList fcpl = file.getCreatePlist();
+    size_t sizeof_addr = 0, sizeof_size = 0;
+    fcpl.getSizes(sizeof_addr, sizeof_size);
+    expect(sizeof_addr == 8 && sizeof_size == 8, "{}-byte addresses and {}-byte lengths (kvlab writes 8 and 8)",
+           sizeof_addr, sizeof_size);
+    return fcpl.getUserblock();
   }
 
   // ---- attributes -----------------------------------------------------------------------------
@@ -202,7 +228,7 @@ struct CaptureReader::Impl {
                            const H5::DataType& type, const std::string& type_name) const {
     at = fmt::format("dataset '{}'", name);
     require_hard_links(name, "dataset");
-    expect(file.childObjType(name) == H5O_TYPE_DATASET, "expected a dataset, found another kind of object");
+    check_header(name, H5O_TYPE_DATASET);
     auto ds = file.openDataSet(name);
     auto space = ds.getSpace();
     expect(space.getSimpleExtentType() == H5S_SIMPLE, "expected shape {}, found a scalar or empty dataspace",
@@ -266,9 +292,49 @@ struct CaptureReader::Impl {
       auto fspace = ds.getSpace();
       fspace.selectHyperslab(H5S_SELECT_SET, count, offset);
       H5::DataSpace mspace(3, count);
+      check_chunks(ds, dims, h0, nh, ft.getSize());
       ds.read(out.data_ptr(), ft, mspace, fspace);  // the file's own type: no conversion
     }
     return as == dtype ? out : allocate(out.sizes().vec(), as).copy_(out);
+  }
+
+  // The chunks of heads [h0, h0 + nh) of a chunked [heads, n, head_dim] dataset, from the chunk
+  // index, before HDF5 reads them: a chunk that no filter touches (none in the pipeline, or all
+  // masked off for it) must be stored at exactly the chunk's size (HDF5 1.10 copies a full chunk
+  // out of what is stored, reading past a short one); one that Fletcher32 checks holds at least
+  // its 4-byte checksum; none holds much more than the chunk (deflate can grow a small chunk by a
+  // few bytes: seen 183 stored for 176).
+  void check_chunks(const H5::DataSet& ds, const std::vector<hsize_t>& dims, int64_t h0, int64_t nh,
+                    size_t elem) const {
+    auto pl = ds.getCreatePlist();
+    if (pl.getLayout() != H5D_CHUNKED) return;
+    hsize_t chunk[3];
+    pl.getChunk(3, chunk);  // rank 3, checked by check_storage
+    const int nfilters = pl.getNfilters();
+    int fletcher = -1;
+    for (int i = 0; i < nfilters; ++i) {
+      unsigned flags = 0, config = 0;
+      size_t ncd = 0;
+      if (pl.getFilter(i, flags, ncd, nullptr, 0, nullptr, config) == H5Z_FILTER_FLETCHER32) fletcher = i;
+    }
+    const hsize_t bytes = chunk[0] * chunk[1] * chunk[2] * elem;  // <= max_chunk_bytes
+    for (hsize_t a = hsize_t(h0) / chunk[0] * chunk[0]; a < hsize_t(h0 + nh); a += chunk[0])
+      for (hsize_t b = 0; b < dims[1]; b += chunk[1])
+        for (hsize_t c = 0; c < dims[2]; c += chunk[2]) {
+          hsize_t offset[3] = {a, b, c}, size = 0;
+          unsigned mask = 0;
+          haddr_t addr = HADDR_UNDEF;
+          if (H5Dget_chunk_info_by_coord(ds.getId(), offset, &mask, &addr, &size) < 0)
+            throw H5::Exception("H5Dget_chunk_info_by_coord", "cannot look up a chunk");
+          if (addr == HADDR_UNDEF) continue;  // never written: reads as the fill value
+          const uint64_t all = (uint64_t(1) << nfilters) - 1;  // nfilters <= 32 (H5Z_MAX_NFILTERS)
+          const bool unfiltered = (mask & all) == all;
+          const bool checksummed = fletcher >= 0 && !(mask & (1u << fletcher));
+          const hsize_t most = bytes + bytes / 100 + 64;  // deflate's worst case: a few bytes more
+          expect((!unfiltered || size == bytes) && (!checksummed || size >= 4) && size <= most,
+                 "the chunk at [{}, {}, {}] holds {} bytes for a {}-byte chunk{}", a, b, c, size, bytes,
+                 unfiltered ? " that no filter decodes" : "");
+        }
   }
 
   at::Tensor allocate(const std::vector<int64_t>& sizes, at::ScalarType t) const {
@@ -303,6 +369,8 @@ void CaptureReader::Impl::load() {
 void CaptureReader::Impl::load_meta() {
   const std::string r = "/";
   const H5::H5File& f = file;
+  at = "group '/'";
+  check_header("/", H5O_TYPE_GROUP);
   const int64_t version = attr_int(f, r, "kvlab_capture_version", 0, std::numeric_limits<int64_t>::max());
   KVLAB_CHECK(version != 1, "capture '{}' is capture format version 1, whose variable-length string attributes "
               "this kvlab no longer reads (a corrupted one crashes HDF5); it reads version {}: re-run 'kvlab dump' "
@@ -328,8 +396,8 @@ void CaptureReader::Impl::load_meta() {
   dtype = parse_storage_dtype(md.dtype, fmt::format("capture '{}': {}", path, at));
   for (int64_t l : attr_ints(f, r, "layers", md.n_layers)) {
     expect(l >= 0 && l < md.n_layers, "captured layer {} outside 0..{}", l, md.n_layers - 1);
-    expect(md.layers.empty() || l > md.layers.back(), "layers are not strictly ascending: {} after {}", l,
-           md.layers.back());
+    const int64_t previous = md.layers.empty() ? -1 : md.layers.back();
+    expect(l > previous, "layers are not strictly ascending: {} after {}", l, previous);
     md.layers.push_back(int(l));
   }
   md.queries = attr_str(f, r, "queries");
@@ -373,6 +441,7 @@ CaptureReader::CaptureReader(const std::string& path) : impl_(new Impl) {
     KVLAB_CHECK(H5::H5File::isHdf5(path), "capture '{}': not an HDF5 file (corrupt, truncated, or not a "
                 "capture)", path);
     m.file = H5::H5File(path, H5F_ACC_RDONLY);
+    m.raw = RawBytes::of_file(path, m.base_address());
   });
   m.load();
 }
@@ -393,6 +462,7 @@ CaptureReader CaptureReader::from_image(const void* data, size_t size, const std
     static std::atomic<uint64_t> counter{0};
     const std::string h5name = fmt::format("kvlab-image-{}:{}", counter++, name);
     m->file = H5::H5File(h5name, H5F_ACC_RDONLY, H5::FileCreatPropList::DEFAULT, fapl);
+    m->raw = RawBytes::of_image(data, size, m->base_address());
   });
   m->load();
   return CaptureReader(std::move(m));
