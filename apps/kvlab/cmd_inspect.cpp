@@ -1,4 +1,5 @@
-// kvlab inspect FILE [--json]: summary of a capture (model, samples, lengths, layers, heads, sizes).
+// kvlab inspect FILE [--json]: summary of a capture (model, samples, lengths, layers, heads, sizes) and a
+// read of every q/k/v value: non-finite ones are counted, the first located, and the exit status is 1.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,6 +9,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/check.h"
 #include "kvlab/io/capture.h"
 
 namespace kvlab::cli {
@@ -22,37 +24,15 @@ struct InspectOptions {
   }
 };
 
-nlohmann::json summarise(const CaptureReader& r) {
-  const auto& m = r.meta();
-  nlohmann::json samples = nlohmann::json::array();
-  for (int64_t i = 0; i < r.n_samples(); ++i) {
-    const auto& s = r.sample(i);
-    samples.push_back({{"index", i}, {"sample_id", s.sample_id}, {"n_tokens", s.n_tokens},
-                       {"n_q", s.n_q}, {"q_start", s.q_start}});
-  }
-  return {{"file", r.path()},
-          {"kvlab_capture_version", kCaptureVersion},
-          {"model_id", m.model_id},
-          {"architecture", m.architecture},
-          {"n_layers", m.n_layers},
-          {"n_q_heads", m.n_q_heads},
-          {"n_kv_heads", m.n_kv_heads},
-          {"head_dim", m.head_dim},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", m.rope_scaling},
-          {"dtype", m.dtype},
-          {"layers", m.layers},
-          {"queries", m.queries},
-          {"source_dataset", m.source_dataset},
-          {"kvlab_version", m.kvlab_version},
-          {"git_sha", m.git_sha},
-          {"n_samples", r.n_samples()},
-          {"samples", samples},
-          {"shapes", {{"q", {m.n_q_heads, "n_q", m.head_dim}},
-                      {"k", {m.n_kv_heads, "n_tokens", m.head_dim}},
-                      {"v", {m.n_kv_heads, "n_tokens", m.head_dim}}}},
-          {"file_bytes", r.file_bytes()},
-          {"raw_bytes", r.raw_bytes()}};
+// The non-finite scan as JSON: {"count", "units", "first": {sample, layer, tensor, head, position, dim,
+// value}}; the value is a string ("nan", "inf", "-inf") since JSON has no NaN.
+nlohmann::json nonfinite_json(const CaptureNonFinite& nf) {
+  nlohmann::json j = {{"count", nf.count}, {"units", nf.units}};
+  if (nf.count > 0)
+    j["first"] = {{"sample", nf.sample}, {"layer", nf.layer}, {"tensor", nf.first.tensor},
+                  {"head", nf.first.head}, {"position", nf.first.position}, {"dim", nf.first.dim},
+                  {"value", fmt::format("{}", nf.first.value)}};
+  return j;
 }
 
 void print_text(const nlohmann::json& j) {
@@ -75,13 +55,34 @@ void print_text(const nlohmann::json& j) {
   }
   double file_mb = j["file_bytes"].get<int64_t>() / 1048576.0, raw_mb = j["raw_bytes"].get<int64_t>() / 1048576.0;
   fmt::print("size       {:.2f} MiB on disk, {:.2f} MiB of q/k/v uncompressed\n", file_mb, raw_mb);
+  const auto& nf = j["nonfinite"];
+  const int64_t units = j["n_samples"].get<int64_t>() * int64_t(layers.size());
+  if (nf["count"] == 0) {
+    fmt::print("values     all finite ({} (sample, layer) units read)\n", units);
+  } else {
+    const auto& f = nf["first"];
+    fmt::print("values     {} non-finite in {} of {} (sample, layer) units; the first: sample {}, layer {}, {} = {} "
+               "at {} head {}, position {}\n", nf["count"].get<int64_t>(), nf["units"].get<int64_t>(), units,
+               f["sample"].get<int64_t>(), f["layer"].get<int>(), f["tensor"].get<std::string>(),
+               f["value"].get<std::string>(), f["tensor"] == "q" ? "query" : "KV", f["head"].get<int>(),
+               f["position"].get<int64_t>());
+  }
 }
 
+// Prints the summary, then reads every (sample, layer): non-finite q/k/v are reported and make the
+// command fail (exit 1) after the summary.
 void run_inspect(const InspectOptions& o, const nlohmann::json& /*effective*/) {
   CaptureReader reader(o.file);
-  auto j = summarise(reader);
+  auto j = capture_summary(reader);
+  const CaptureNonFinite nf = scan_nonfinite(reader);
+  j["nonfinite"] = nonfinite_json(nf);
   if (o.json) std::cout << j.dump(2) << "\n";
   else print_text(j);
+  std::cout.flush();
+  KVLAB_CHECK(nf.count == 0, "capture '{}': {} non-finite value{} in q/k/v (in {} of {} (sample, layer) units); the "
+              "first: sample {} ('{}'), layer {}: {}", reader.path(), nf.count, nf.count == 1 ? "" : "s", nf.units,
+              reader.n_samples() * int64_t(reader.meta().layers.size()), nf.sample,
+              reader.sample(nf.sample).sample_id, nf.layer, describe_nonfinite(nf.first));
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <vector>
 
 #include "kvlab/core/config.h"
 #include "kvlab/io/synthetic.h"
@@ -93,6 +95,27 @@ TEST_CASE("cli: inspect prints the shapes; --json parses") {
   CHECK(parsed["layers"] == nlohmann::json::array({0, 1}));
 }
 
+TEST_CASE("cli: inspect reports non-finite q/k/v (count, first location) and exits non-zero") {
+  auto dir = test::temp_dir("cli_nan");
+  auto cap = small_capture(dir);
+  {
+    H5::H5File f(cap, H5F_ACC_RDWR);
+    auto ds = f.openDataSet("/sample_0001/layer_01/v");
+    std::vector<float> v(2 * 200 * 16);
+    ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    v[(1 * 200 + 17) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // KV head 1, position 17
+    v[(1 * 200 + 18) * 16 + 0] = std::numeric_limits<float>::infinity();
+    ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+  }
+  for (std::string flags : {"", "--json "}) {
+    auto r = run_kvlab("inspect " + flags + cap);
+    INFO(r.out);
+    CHECK(r.code != 0);
+    for (const char* w : {"error: ", "2 non-finite values", "sample 1", "layer 1", "v = nan at KV head 1, position 17"})
+      CHECK(r.out.find(w) != std::string::npos);
+  }
+}
+
 TEST_CASE("cli: bad input gives one error line and a non-zero exit") {
   auto dir = test::temp_dir("cli_bad");
   auto cap = small_capture(dir);
@@ -126,6 +149,17 @@ TEST_CASE("cli: bad input gives one error line and a non-zero exit") {
       f.createDataSet("/sample_0000/layer_00/v", H5::PredType::IEEE_F64LE, H5::DataSpace(3, dims));
     }
     check_one_error(run_kvlab("inspect " + p), "expected float32");
+  }
+  SUBCASE("a variable-length string attribute (capture version 1)") {
+    auto p = dir + "/vlen.h5";
+    fs::copy_file(cap, p);
+    {
+      H5::H5File f(p, H5F_ACC_RDWR);
+      f.removeAttr("model_id");
+      H5::StrType vl(H5::PredType::C_S1, H5T_VARIABLE);
+      f.createAttribute("model_id", vl, H5::DataSpace(H5S_SCALAR)).write(vl, std::string("synthetic"));
+    }
+    check_one_error(run_kvlab("inspect " + p), "attribute '/model_id': a variable-length string");
   }
   SUBCASE("misspelled config key") {
     auto cfg = dir + "/bad.json";
