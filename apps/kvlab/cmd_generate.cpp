@@ -50,6 +50,7 @@ struct GenerateCmdOptions {
   int64_t keep_last = 0;
   int64_t obs_queries = 256;
   int64_t seed = 42;
+  bool prefill_only = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
@@ -72,16 +73,14 @@ struct GenerateCmdOptions {
     f.add("keep_last", keep_last, "last prompt positions kept exact");
     f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
     f.add("seed", seed, "seed of random methods");
+    f.add("prefill_only", prefill_only, "streaming methods too compress once after prefill and append decoded "
+                                        "tokens exactly (default: they keep compressing while decoding)");
   }
 };
 
 // --method: one prefill, one branch per (method, budget); streams each branch's text as it comes.
 void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
-                  const Tokenizer* tok) {
-  KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
-  KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
-  auto budgets = budget_settings(o.ratio, o.budget, o.T);
-  auto methods = build_methods(o.method, o.param, o.params);
+                  const Tokenizer* tok, const std::vector<MethodSpec>& methods, const std::vector<Budget>& budgets) {
   Prefill prefill = run_prefill(model, prompt_ids, o.obs_queries);
   fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
@@ -89,7 +88,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
   nlohmann::json branches = nlohmann::json::array();
   for (const auto& m : methods)
     for (const auto& b : budgets) {
-      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), o.keep_first, o.keep_last};
+      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), o.keep_first, o.keep_last, !o.prefill_only};
       BranchOptions bo;
       bo.max_new_tokens = o.max_new_tokens;
       bo.stop_at_eos = !o.ignore_eos;
@@ -100,11 +99,14 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       BranchResult r = run_branch(model, prefill, spec, bo);
       const std::string text = tok ? tok->decode(r.ids) : std::string();
       if (!o.json) fmt::print("\nids: {}\n", fmt::join(r.ids, ","));
-      fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB ({:.3f} of exact), compress {:.1f} ms, {} tokens in "
-                 "{:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
-                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.compress_ms, r.ids.size(), r.decode_seconds);
+      fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
+                 "compress {:.1f} ms, {} tokens in {:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
+                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.compress_ms,
+                 r.ids.size(), r.decode_seconds);
       nlohmann::json j = {{"method", m.name}, {"params", m.compressor->params()}, {"seed", o.seed},
+                          {"streaming", spec.stream && compressor_info(m.name).streaming},
                           {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
+                          {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
                           {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
                           {"decode_seconds", r.decode_seconds}};
       const nlohmann::json setting = b.to_json();
@@ -121,6 +123,19 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
               "give exactly one of --prompt and --prompt-ids");
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
+  // Branch settings are checked before the model loads.
+  std::vector<MethodSpec> methods;
+  std::vector<Budget> budgets;
+  if (!o.method.empty()) {
+    KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
+    KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+    budgets = budget_settings(o.ratio, o.budget, o.T);
+    methods = build_methods(o.method, o.param, o.params);
+    for (const auto& m : methods)
+      KVLAB_CHECK(o.prefill_only || o.keep_last == 0 || !streams_while_decoding(m.name),
+                  "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "
+                  "to prefill-only methods (or give --prefill-only)", o.keep_last, m.name);
+  }
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
   lo.device = parse_device(o.device, "--device");
@@ -145,12 +160,16 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     } catch (const Error&) {
     }
   }
+  const int64_t context = model.config.max_position_embeddings;
+  KVLAB_CHECK(context <= 0 || int64_t(prompt_ids.size()) + o.max_new_tokens <= context,
+              "the prompt ({} tokens) plus --max-new-tokens {} exceed {}'s context of {} positions; shorten the "
+              "prompt or lower --max-new-tokens", prompt_ids.size(), o.max_new_tokens, model.id, context);
   fmt::print(stderr, "[generate] {} ({} layers, {:.1f} M parameters, {} on {}) loaded in {:.2f} s; "
              "prompt {} tokens, chat template {}\n", model.id, model.config.n_layers,
              n_parameters(model) / 1e6, o.dtype, model.device.str(), load_s, prompt_ids.size(),
              template_name);
 
-  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get());
+  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get(), methods, budgets);
   ExactAttention attn(model.config.n_layers);
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_bench_prefill(app);
   kvlab::cli::setup_run(app);
   kvlab::cli::setup_calibrate(app);
+  kvlab::cli::setup_ppl(app);
 
   // Global settings take effect before any subcommand callback runs.
   app.parse_complete_callback([&] {

@@ -268,3 +268,37 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(methods.size() == n_listed);
   CHECK(n_listed >= 17);
 }
+
+TEST_CASE("cli: ppl streams each method's cache from the first token (stories260K)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  const std::string text = test::shared_dir() + "/data/wikitext2/wiki.test.raw";
+  if (!fs::exists(model + "/model.safetensors") || !fs::exists(text)) {
+    MESSAGE("skipped: stories260K or wikitext2 not found (set KVLAB_SHARED)");
+    return;
+  }
+  auto dir = test::temp_dir("kvlab_cli_ppl");
+  const std::string base = "ppl --quiet --model " + model + " --text " + text + " --max-tokens 120";
+  // The full cache token by token (exact through the compressed-cache path) equals the chunked
+  // full-cache reference; a window of 16 entries does not.
+  auto r = run_kvlab(base + " --method exact,local --cache-size 16 --out " + dir + "/p");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  auto rows = read_json_file(dir + "/p/result.json")["rows"];
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0]["method"] == "full");
+  CHECK(rows[0]["n_predicted"] == 119);
+  CHECK(rows[1]["method"] == "exact");
+  CHECK(rows[1]["ppl"].get<double>() == doctest::Approx(rows[0]["ppl"].get<double>()).epsilon(1e-6));
+  CHECK(rows[1]["kl_full"].get<double>() < 1e-8);
+  CHECK(rows[1]["top1_agree"].get<double>() == 1.0);
+  CHECK(rows[2]["method"] == "local");
+  CHECK(rows[2]["kl_full"].get<double>() > 1e-3);
+  CHECK(rows[2]["kv_bytes_peak"].get<int64_t>() < rows[1]["kv_bytes_peak"].get<int64_t>() / 4);
+  // Bad input: one line naming what is wrong.
+  check_one_error(run_kvlab(base + " --method snapkv --out " + dir + "/q"), "snapkv compresses once after a prefill");
+  check_one_error(run_kvlab(base + " --method buzz --cache-size 4 --out " + dir + "/q"), "below BUZZ's minimum");
+  check_one_error(run_kvlab(base + " --method h2o --cache-size 0 --out " + dir + "/q"), "--cache-size must be >= 1");
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-ids 1,2,3 --max-new-tokens 100000"),
+                  "exceed");
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-ids 1,2,3,4,5,6,7,8,9 --method h2o --ratio 0.5 "
+                            "--keep-last 2"), "--keep-last 2: h2o streams while decoding");
+}

@@ -9,36 +9,47 @@
 //
 // Every method is compressed once, after prefill, from the exact cache and the prompt's last
 // n_obs queries (the observation window; SnapKV's window is its last `window` of them, H2O's scores
-// are their accumulated attention). Streaming methods do not yet keep compressing while decoding.
+// are their accumulated attention). Streaming methods (CompressorInfo::streaming) then keep
+// compressing while decoding through their LayerStream (compress/stream.h, the same object their
+// compress() drives): the layer is [exact prefix][the stream's entries], every decoded token is
+// pushed into the stream, attends, and the stream settles (evicts). Prefill-only methods append
+// decoded tokens exactly.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/backend.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/stream.h"
 
 namespace kvlab {
 
 struct CompressedLayer {
+  // Prefill-only: everything held. Streaming: the exact prefix [0, keep_first) only.
   KVSet num;                 // keys/values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
   KVSet den;                 // keys [Hkv, m', d], bias, pos; undefined keys = the numerator set
   double logit_scale = 1.0;  // BUZZ log n
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
+  std::shared_ptr<LayerStream> stream;  // streaming methods: the entries after the prefix
 
   bool has_den() const { return den.keys.defined(); }
-  int64_t bytes() const;     // K, V, bias (and the denominator's keys and bias) held
+  int64_t bytes() const;     // K, V, bias, pos (and the denominator's) held, the stream's included
+  int64_t entries() const;   // numerator entries held per KV head (padding included), prefix included
 };
 
 // Compresses one layer of an exact prefill with `c`, through compress/layout (the same calls
 // replay makes). k, v [Hkv, n, d] at positions 0..n-1; q_obs [Hq, n_obs, d] the queries of the
 // last n_obs prompt positions (may be undefined). [0, keep_first) and [n - keep_last, n) stay exact.
+// `stream`: a streaming method keeps compressing while decoding (keep_last must then be 0: its own
+// window plays that role); false = compress once, as replay does, and append decoded tokens exactly.
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
-                               int layer, int n_layers, double* compress_ms = nullptr);
+                               int layer, int n_layers, double* compress_ms = nullptr, bool stream = false);
 
 class CompressedAttention : public AttentionBackend {
  public:
@@ -50,10 +61,14 @@ class CompressedAttention : public AttentionBackend {
   // A compressed cache is made from a prefill; it cannot start a new sequence.
   void reset() override;
   const CompressedLayer& layer(int l) const { return layers_.at(l); }
-  int64_t bytes() const;  // over all layers
+  int64_t bytes() const;       // over all layers, now
+  // Σ over layers of the most each held since construction (a step's new token included before
+  // the stream evicts): the peak of the whole cache within one entry per layer.
+  int64_t peak_bytes() const;
 
  private:
   std::vector<CompressedLayer> layers_;
+  std::vector<int64_t> peak_;  // per layer
 };
 
 }  // namespace kvlab

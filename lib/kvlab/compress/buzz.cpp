@@ -37,6 +37,15 @@
 // the old samples can only be 593, 198, 66, ...). With both given the budget is not enforced (the
 // official configuration, e.g. window=160 threshold=400) and the size is buzz_prefill_size.
 //
+// Decoding (start_stream, BuzzStream). Each decoded token attends over the cache and itself; its
+// group-summed attention is added to the accumulated scores and BuzzCache::append runs at most one
+// eviction, when |old| + |new| > T (Alg. 1 per step). With logn the scale follows the cache as it
+// changes. The layout when decoding: replay's rule above when the prompt's region exceeds the
+// budget (the entries after prefill are then exactly compress()'s, and the cache later oscillates
+// up to k + w + T, which may exceed the budget); when the region fits in a --budget / --cache-size
+// of N entries, buzz_stream_layout makes k + w + T = N (the most held between steps, as for H2O and
+// the windows); a ratio that keeps the whole region (ratio 1) never evicts.
+//
 // Parameters [defaults]: n_sink [4], window ["auto"], threshold ["auto"], stride [5],
 //   swap_strides [false], gqa_reduce [sum] (buzz, buzz-logn), logn_n [cache] and logn_base [512]
 //   (buzz-logn).
@@ -168,6 +177,25 @@ BuzzLayout buzz_choose_layout(int64_t n, int64_t budget, const BuzzConfig& base)
   return out;
 }
 
+BuzzLayout buzz_stream_layout(int64_t capacity, const BuzzConfig& base) {
+  const int64_t k = base.n_sink, room = capacity - k;
+  int64_t w = base.window, t = base.threshold;
+  if (w >= 0 && t >= 0) {
+    KVLAB_CHECK(k + w + t <= capacity, "buzz: window={} threshold={} with n_sink={} hold up to {} entries, more than the "
+                "cache size {}", w, t, k, k + w + t, capacity);
+  } else if (w >= 0) {
+    t = room - w;
+  } else if (t >= 0) {
+    w = room - t;
+  } else {
+    w = std::max<int64_t>(0, std::llround(static_cast<double>(room) / (1.0 + steady_ratio(base))));
+    t = room - w;
+  }
+  KVLAB_CHECK(w >= 0 && t >= 1, "buzz: a cache of {} entries is below BUZZ's minimum of {} (n_sink {} + window {} + a "
+              "threshold of at least 1)", capacity, k + std::max<int64_t>(w, 0) + 1, k, std::max<int64_t>(w, 0));
+  return {k, w, t, 0};
+}
+
 // ---- BuzzCache ---------------------------------------------------------------------------------
 
 BuzzCache::BuzzCache(const BuzzConfig& cfg, int64_t n_kv_heads) : cfg_(cfg), n_kv_heads_(n_kv_heads) {
@@ -270,6 +298,86 @@ const char* variant_name(Variant v) {
   return "buzz";
 }
 
+// One layer of BUZZ while decoding (stream.h): the BuzzCache, plus the tokens pushed since the
+// last settle, which attend before they join it. settle hands BuzzCache::append their
+// accumulated-attention increment (the new queries over the held entries and themselves, summed
+// over the KV group's query heads) and it runs at most one eviction, as Alg. 1 does per step.
+class BuzzStream final : public LayerStream {
+ public:
+  struct Logn {
+    bool on = false;
+    bool seq = false;  // logn_n: seq (positions) or cache (entries held, prefix included)
+    double base = 512;
+  };
+
+  // The region arrives as one prefill block with its scores ([Hkv, n] or undefined) and is
+  // evicted until it fits (Remark 2), as compress() does.
+  BuzzStream(const BuzzConfig& c, const LayerKV& kv, const at::Tensor& score, std::string reduce, Logn logn)
+      : cache_(c, kv.n_kv_heads()), reduce_(std::move(reduce)), logn_(logn), interval_(c.interval_new),
+        n_seen_(kv.n_tokens()) {
+    const int64_t n = kv.n_tokens();
+    cache_.append(kv.keys, kv.values, at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)), score);
+    cache_.fit();
+    rebuild();
+  }
+
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
+    KVLAB_CHECK(!new_k_.defined(), "buzz: push twice without a settle");
+    new_k_ = k, new_v_ = v;
+    new_pos_ = at::arange(pos0, pos0 + k.size(1), k.options().dtype(at::kLong));  // [T]
+    n_seen_ += k.size(1);
+    rebuild();
+  }
+
+  void settle(const at::Tensor& q, const at::Tensor& prefix_keys) override {
+    KVLAB_CHECK(new_k_.defined(), "buzz: settle without a push");
+    at::Tensor score;  // [Hkv, size + T]
+    if (!interval_) {
+      if (q.size(1) > 0)
+        score = stream_attention_probs(q, new_pos_, prefix_keys, held_, scale_, reduce_).sum(1);
+      else
+        score = at::zeros({held_.keys.size(0), held_.keys.size(1)}, held_.keys.options());
+    }
+    prefix_ = prefix_keys.defined() ? prefix_keys.size(1) : 0;
+    cache_.append(new_k_, new_v_, new_pos_, score);
+    new_k_ = new_v_ = new_pos_ = at::Tensor();
+    rebuild();
+  }
+
+  const KVSet& held() const override { return held_; }
+  double logit_scale() const override { return scale_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  // held_ = the cache followed by the pending tokens; the log n scale of what attention sees.
+  void rebuild() {
+    held_.keys = cache_.keys();
+    held_.values = cache_.values();
+    held_.pos = cache_.pos();
+    if (new_k_.defined()) {
+      const int64_t h = new_k_.size(0), t = new_k_.size(1);
+      held_.keys = at::cat({held_.keys, new_k_.to(held_.keys.scalar_type())}, 1);
+      held_.values = at::cat({held_.values, new_v_.to(held_.values.scalar_type())}, 1);
+      held_.pos = at::cat({held_.pos, new_pos_.view({1, t}).expand({h, t})}, 1);
+    }
+    held_.bias = at::zeros({held_.keys.size(0), held_.keys.size(1)}, held_.keys.options());
+    if (logn_.on) {
+      const int64_t len = logn_.seq ? (held_.keys.size(1) ? held_.pos.max().item<int64_t>() + 1 : 1)
+                                    : prefix_ + held_.keys.size(1);
+      scale_ = std::log(static_cast<double>(std::max<int64_t>(len, 1))) / std::log(logn_.base);
+    }
+  }
+
+  BuzzCache cache_;
+  std::string reduce_;
+  Logn logn_;
+  bool interval_;
+  int64_t n_seen_, prefix_ = 0;
+  double scale_ = 1.0;
+  at::Tensor new_k_, new_v_, new_pos_;  // [Hkv, T, d], [T]
+  KVSet held_;
+};
+
 // Reads an integer parameter that may also be "auto" (or absent): -1 = auto. `given` must not
 // hold "auto" strings any more (see strip_autos).
 int64_t auto_or_int(const nlohmann::json& given, Params& p, const std::string& key, int64_t min_value,
@@ -348,6 +456,34 @@ class Buzz final : public Compressor {
     out.kept_idx = cache.pos();                                     // [H, m]
     if (variant_ == Variant::kLogn) out.logit_scale = logn_scale(kv, cache.size());
     return out;
+  }
+
+  // Generation. The layout: replay's (buzz_choose_layout) when the prompt's region exceeds the
+  // budget, so that the entries after prefill are compress()'s; buzz_stream_layout (k + w + T = the
+  // budget) when the region fits in it, e.g. a cache streamed from the first token with
+  // --budget N; none when a ratio keeps the whole region (ratio 1: the cache stays exact).
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens();
+    BuzzConfig c = cfg_;
+    const bool fixed = cfg_.window >= 0 && cfg_.threshold >= 0;
+    const int64_t budget = opt.budget.kind == Budget::Kind::entries ? opt.budget.entries : opt.budget.entries_for(n);
+    if (!fixed && n > budget) {
+      const BuzzLayout lay = buzz_choose_layout(n, budget, cfg_);
+      c.n_sink = lay.n_sink, c.window = lay.window, c.threshold = lay.threshold;
+    } else if (!fixed && opt.budget.kind == Budget::Kind::entries) {
+      const BuzzLayout lay = buzz_stream_layout(budget, cfg_);
+      c.window = lay.window, c.threshold = lay.threshold;
+    } else if (!fixed) {
+      c.window = 0, c.threshold = std::numeric_limits<int64_t>::max() / 4;  // never evicts
+    }
+    at::Tensor score;
+    if (!c.interval_new && n > 0 && kv.queries.defined() && kv.queries.size(1) > 0)
+      score = group_attention_probs(kv, reduce_).sum(1);  // [Hkv, n]
+    BuzzStream::Logn logn;
+    logn.on = variant_ == Variant::kLogn && c.threshold < std::numeric_limits<int64_t>::max() / 4;
+    logn.seq = logn_n_ == "seq";
+    logn.base = logn_base_;
+    return std::make_unique<BuzzStream>(c, kv, score, reduce_, logn);
   }
 
  private:

@@ -59,6 +59,12 @@ struct BuzzLayout {
 // `base` gives k, s and the strides; base.window / base.threshold < 0 mean "choose", >= 0 fixed.
 BuzzLayout buzz_choose_layout(int64_t n, int64_t budget, const BuzzConfig& base);
 
+// The (w, T) of a cache streamed under a cap of `capacity` entries: the most it holds between
+// decode steps, k + w + T, equals the cap, with T/w as close to Theorem 3.1's ρ as integers allow
+// (w = round((C − k)/(1 + ρ)), T = C − k − w), unless base.window or base.threshold fix one of them.
+// A cap below the minimum (k + 1 with w = 0, T = 1, or k + w + 1 for a given w) is an error.
+BuzzLayout buzz_stream_layout(int64_t capacity, const BuzzConfig& base);
+
 // ---- The state object ------------------------------------------------------------------------
 
 class BuzzCache {

@@ -20,6 +20,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/compress/budget.h"
+#include "kvlab/compress/stream.h"
 
 namespace kvlab {
 
@@ -78,6 +79,14 @@ class Compressor {
   virtual nlohmann::json params() const = 0;
   // Pure: same input, options and seed -> bitwise-identical output on CPU. No hidden state.
   virtual CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const = 0;
+  // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
+  // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the
+  // budget against the tokens seen. kv may be empty (n = 0: a cache streamed from the first
+  // token). nullptr: the method compresses once, after prefill, and decoded tokens stay exact.
+  virtual std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const {
+    (void)kv, (void)opt;
+    return nullptr;
+  }
 };
 
 // The entry count a call asks for on a region of n tokens (opt.budget.entries_for(n)).
@@ -141,5 +150,8 @@ std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohm
 const CompressorInfo& compressor_info(const std::string& name);
 const std::vector<CompressorInfo>& compressor_infos();
 std::vector<std::string> compressor_names();
+// Whether the method (default parameters) keeps compressing while decoding: its start_stream
+// gives a stream (probed on an empty region).
+bool streams_while_decoding(const std::string& name);
 
 }  // namespace kvlab

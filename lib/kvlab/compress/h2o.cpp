@@ -79,6 +79,13 @@ void H2OCache::accumulate(const double* probs) {
   }
 }
 
+void H2OCache::set_budget(int64_t budget, int64_t recent) {
+  TORCH_INTERNAL_ASSERT(budget >= 1 && recent >= 0 && recent <= budget, "H2OCache: budget ", budget,
+                        " recent ", recent);
+  budget_ = budget;
+  recent_ = recent;
+}
+
 double H2OCache::rank_key(size_t i) const {
   if (!normalize_) return scores_[i];
   return counts_[i] > 0 ? scores_[i] / counts_[i] : 0.0;
@@ -113,24 +120,118 @@ void H2OCache::evict() {
   tokens_.resize(w), scores_.resize(w), counts_.resize(w);
 }
 
-// ---- the compressor ----------------------------------------------------------------
+// ---- the stream and the compressor ---------------------------------------------------------
 
 namespace {
+
+struct H2OConfig {
+  double recent_ratio = 0.5;
+  int64_t recent = -1;
+  bool normalize = false;
+  std::string reduce = "mean";
+
+  // The recent window of a budget of b entries.
+  int64_t recent_for(int64_t b) const {
+    return recent >= 0 ? std::min(recent, b) : static_cast<int64_t>(std::floor(static_cast<double>(b) * recent_ratio));
+  }
+};
+
+// One layer's H2O cache: an H2OCache per KV head (the ranking and eviction rule) and the held
+// entries, in the same arrival order (stream.h). Every head holds the same count.
+class H2OStream final : public LayerStream {
+ public:
+  // The region's tokens arrive with their scores and query counts ([Hkv, n] and [n] float64;
+  // undefined = 0) and are evicted once to the budget.
+  H2OStream(const H2OConfig& cfg, const Budget& budget, const LayerKV& kv, const at::Tensor& scores,
+            const at::Tensor& counts)
+      : cfg_(cfg), budget_(budget), n_seen_(kv.n_tokens()) {
+    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
+    held_.keys = kv.keys;
+    held_.values = kv.values;
+    held_.bias = at::zeros({h, n}, kv.keys.options());
+    held_.pos = at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)).view({1, n}).expand({h, n}).contiguous();
+    auto sc = scores.defined() ? scores.to(at::kCPU, at::kDouble).contiguous() : at::zeros({h, n}, at::kDouble);
+    auto cnt = counts.defined() ? counts.to(at::kCPU, at::kDouble).contiguous() : at::zeros({n}, at::kDouble);
+    for (int64_t i = 0; i < h; ++i) {
+      heads_.emplace_back(1, 0, cfg.normalize);
+      for (int64_t j = 0; j < n; ++j)
+        heads_.back().append(kv.pos0 + j, sc.data_ptr<double>()[i * n + j], cnt.data_ptr<double>()[j]);
+    }
+    evict();
+  }
+
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
+    append_exact(held_, k, v, pos0);
+    for (auto& c : heads_)
+      for (int64_t j = 0; j < k.size(1); ++j) c.append(pos0 + j);
+    last_pos_ = at::arange(pos0, pos0 + k.size(1), held_.pos.options());  // [T]
+    n_seen_ += k.size(1);
+  }
+
+  // Every query adds its attention to the held tokens (one H2OCache::accumulate each), then the
+  // heads evict back to the budget: one token per decode step.
+  void settle(const at::Tensor& q, const at::Tensor& prefix_keys) override {
+    const int64_t t = q.size(1);
+    if (t > 0) {
+      KVLAB_CHECK(last_pos_.defined() && last_pos_.numel() == t, "h2o: settle got {} queries for {} pushed tokens", t,
+                  last_pos_.defined() ? last_pos_.numel() : 0);
+      auto probs = stream_attention_probs(q, last_pos_, prefix_keys, held_, 1.0, cfg_.reduce)
+                       .to(at::kCPU).contiguous();  // [Hkv, T, m]
+      const int64_t m = probs.size(2);
+      const double* p = probs.data_ptr<double>();
+      for (size_t h = 0; h < heads_.size(); ++h)
+        for (int64_t j = 0; j < t; ++j) heads_[h].accumulate(p + (int64_t(h) * t + j) * m);
+    }
+    evict();
+  }
+
+  const KVSet& held() const override { return held_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  // Evicts every head to the budget on the tokens seen and drops the evicted entries.
+  void evict() {
+    const int64_t b = budget_.entries_for(n_seen_), m = held_.keys.size(1);
+    if (m <= b) return;
+    auto pos = held_.pos.to(at::kCPU).contiguous();  // [Hkv, m]
+    std::vector<int64_t> keep;
+    for (size_t h = 0; h < heads_.size(); ++h) {
+      heads_[h].set_budget(b, cfg_.recent_for(b));
+      heads_[h].evict();
+      // The survivors are a subsequence of the held order: walk both.
+      const int64_t* row = pos.data_ptr<int64_t>() + int64_t(h) * m;
+      const auto& kept = heads_[h].tokens();
+      size_t r = 0;
+      for (int64_t i = 0; i < m && r < kept.size(); ++i)
+        if (row[i] == kept[r]) keep.push_back(i), ++r;
+      TORCH_INTERNAL_ASSERT(r == kept.size(), "h2o: a held token was not found in the stream");
+    }
+    auto idx = at::tensor(keep, at::kLong).view({int64_t(heads_.size()), b}).to(held_.pos.device());  // [Hkv, b]
+    held_ = gather_entries(held_, idx);
+  }
+
+  H2OConfig cfg_;
+  Budget budget_;
+  std::vector<H2OCache> heads_;
+  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  at::Tensor last_pos_;
+  int64_t n_seen_ = 0;
+};
 
 class H2O final : public Compressor {
  public:
   explicit H2O(Params p) {
-    recent_ratio_ = p.get_double("recent_ratio", 0.5);
-    recent_ = p.get_int("recent", -1);
+    cfg_.recent_ratio = p.get_double("recent_ratio", 0.5);
+    cfg_.recent = p.get_int("recent", -1);
     queries_ = p.get_string("h2o_queries", "all", {"all", "window"});
     query_window_ = p.get_int("query_window", 32);
-    normalize_ = p.get_bool("h2o_normalize", false);
-    reduce_ = p.get_string("gqa_reduce", "mean", {"mean", "max", "sum"});
+    cfg_.normalize = p.get_bool("h2o_normalize", false);
+    cfg_.reduce = p.get_string("gqa_reduce", "mean", {"mean", "max", "sum"});
     mode_ = p.get_string("mode", "prefill", {"prefill", "stream"});
-    KVLAB_CHECK(recent_ratio_ >= 0 && recent_ratio_ <= 1,
-                "h2o: parameter 'recent_ratio' must be in [0, 1], got {}", recent_ratio_);
-    KVLAB_CHECK(recent_ >= -1, "h2o: parameter 'recent' must be >= 0 (or -1 = use recent_ratio), got {}",
-                recent_);
+    KVLAB_CHECK(cfg_.recent_ratio >= 0 && cfg_.recent_ratio <= 1,
+                "h2o: parameter 'recent_ratio' must be in [0, 1], got {}", cfg_.recent_ratio);
+    KVLAB_CHECK(cfg_.recent >= -1, "h2o: parameter 'recent' must be >= 0 (or -1 = use recent_ratio), got {}",
+                cfg_.recent);
     KVLAB_CHECK(query_window_ >= 1, "h2o: parameter 'query_window' must be >= 1, got {}",
                 query_window_);
     params_ = p.effective();
@@ -140,99 +241,61 @@ class H2O final : public Compressor {
   nlohmann::json params() const override { return params_; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    const int64_t n = kv.n_tokens();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
     detail::require_queries(kv, "h2o");
-    const int64_t recent =
-        recent_ >= 0 ? std::min(recent_, b)
-                     : static_cast<int64_t>(std::floor(static_cast<double>(b) * recent_ratio_));
     LayerKV sub = detail::last_queries(kv, queries_ == "window" ? query_window_ : -1);
-    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
-    if (mode_ == "prefill") {
-      auto scores = detail::accumulated_attention(sub, reduce_).cpu().contiguous();  // [Hkv, n]
-      auto seen = detail::queries_seeing(sub).contiguous();                          // [n]
-      const double* sc = scores.data_ptr<double>();
-      const double* cnt = seen.data_ptr<double>();
-      for (int64_t h = 0; h < h_kv; ++h) {
-        H2OCache cache(b, recent, normalize_);
-        for (int64_t i = 0; i < n; ++i) cache.append(i, sc[h * n + i], cnt[i]);
-        cache.evict();
-        rows[h] = cache.tokens();
-      }
-    } else {
-      rows = stream(sub, b, recent);
-    }
-    return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]
+    CompressOptions fixed = opt;
+    fixed.budget = Budget::of_entries(b);
+    auto s = mode_ == "prefill" ? prefill_stream(sub, fixed) : replay_stream(sub, fixed);
+    auto idx = s->held().pos - kv.pos0;  // [Hkv, b] region indices, arrival order
+    return gather_kept(kv, idx.to(kv.keys.device()));
+  }
+
+  // Generation: the prefill's scores (mode=prefill's rule on the given queries), then one eviction
+  // per decoded token.
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    if (kv.n_tokens() == 0 || !kv.queries.defined() || kv.queries.size(1) == 0)
+      return std::make_unique<H2OStream>(cfg_, opt.budget, kv, at::Tensor(), at::Tensor());
+    return prefill_stream(detail::last_queries(kv, queries_ == "window" ? query_window_ : -1), opt);
   }
 
  private:
-  // mode=stream: token-by-token over the region; see the file comment.
-  std::vector<std::vector<int64_t>> stream(const LayerKV& sub, int64_t b, int64_t recent) const {
-    const int64_t n = sub.n_tokens(), h_kv = sub.n_kv_heads(), d = sub.keys.size(2);
-    const int64_t h_q = sub.queries.size(0), n_obs = sub.queries.size(1), g = h_q / h_kv;
-    KVLAB_CHECK(sub.query_pos.defined(),
-                "h2o: mode=stream needs the positions of the queries (kv.query_pos)");
-    auto keys = sub.keys.to(at::kCPU, at::kDouble).contiguous();          // [Hkv, n, d]
-    // The exact prefix (sinks) is in every query's softmax, never in the cache H2O manages.
-    const int64_t n_pre = sub.prefix_keys.defined() ? sub.prefix_keys.size(1) : 0;
-    auto pre = n_pre ? sub.prefix_keys.to(at::kCPU, at::kDouble).contiguous() : at::Tensor();  // [Hkv, n_pre, d]
-    auto qs = sub.queries.to(at::kCPU, at::kDouble).contiguous();         // [Hq, n_obs, d]
-    auto qpos = sub.query_pos.to(at::kCPU, at::kLong).contiguous();       // [n_obs]
-    const double* K = keys.data_ptr<double>();
-    const double* Q = qs.data_ptr<double>();
-    const int64_t* qp = qpos.data_ptr<int64_t>();
-    // queries_at[t]: the queries sitting at region token t
-    std::vector<std::vector<int64_t>> queries_at(static_cast<size_t>(n));
-    for (int64_t j = 0; j < n_obs; ++j) {
-      const int64_t t = qp[j] - sub.pos0;
-      if (t >= 0 && t < n) queries_at[t].push_back(j);
-    }
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
-    std::vector<double> logits, probs;
-    const bool use_max = reduce_ == "max", use_mean = reduce_ == "mean";
-    for (int64_t h = 0; h < h_kv; ++h) {
-      H2OCache cache(b, recent, normalize_);
-      for (int64_t t = 0; t < n; ++t) {
-        cache.append(t);
-        const auto& held = cache.tokens();
-        const size_t m = held.size();
-        for (int64_t j : queries_at[t]) {
-          probs.assign(m, 0.0);
-          for (int64_t r = 0; r < g; ++r) {
-            const double* q = Q + ((h * g + r) * n_obs + j) * d;
-            logits.resize(m + static_cast<size_t>(n_pre));  // held tokens, then the prefix
-            double mx = -INFINITY;
-            for (size_t i = 0; i < logits.size(); ++i) {
-              const double* k = i < m ? K + (h * n + held[i]) * d
-                                      : pre.data_ptr<double>() + (h * n_pre + int64_t(i - m)) * d;
-              double s = 0;
-              for (int64_t c = 0; c < d; ++c) s += q[c] * k[c];
-              logits[i] = s * scale;
-              mx = std::max(mx, logits[i]);
-            }
-            double z = 0;
-            for (size_t i = 0; i < logits.size(); ++i) z += (logits[i] = std::exp(logits[i] - mx));
-            for (size_t i = 0; i < m; ++i) {
-              const double p = logits[i] / z;
-              if (use_max) probs[i] = std::max(probs[i], p);
-              else probs[i] += use_mean ? p / static_cast<double>(g) : p;
-            }
-          }
-          cache.accumulate(probs.data());
-        }
-        cache.evict();
-      }
-      rows[h] = cache.tokens();
-    }
-    return rows;
+  // score_i = Σ_q reduce_group(softmax_q)_i over sub's queries, causal; every token appended with
+  // its score, one eviction.
+  std::unique_ptr<H2OStream> prefill_stream(const LayerKV& sub, const CompressOptions& opt) const {
+    detail::require_queries(sub, "h2o");
+    return std::make_unique<H2OStream>(cfg_, opt.budget, sub, detail::accumulated_attention(sub, cfg_.reduce),
+                                       detail::queries_seeing(sub));
   }
 
-  double recent_ratio_ = 0.5;
-  int64_t recent_ = -1, query_window_ = 32;
-  std::string queries_, reduce_, mode_;
-  bool normalize_ = false;
+  // mode=stream: the region token by token, as generation would (see the file comment).
+  std::unique_ptr<H2OStream> replay_stream(const LayerKV& sub, const CompressOptions& opt) const {
+    const int64_t n = sub.n_tokens(), n_obs = sub.queries.size(1);
+    KVLAB_CHECK(sub.query_pos.defined(), "h2o: mode=stream needs the positions of the queries (kv.query_pos)");
+    LayerKV empty = sub;
+    empty.keys = sub.keys.narrow(1, 0, 0);
+    empty.values = sub.values.narrow(1, 0, 0);
+    auto s = std::make_unique<H2OStream>(cfg_, opt.budget, empty, at::Tensor(), at::Tensor());
+    auto qpos = sub.query_pos.to(at::kCPU, at::kLong).contiguous();  // [n_obs]
+    std::vector<std::vector<int64_t>> queries_at(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n_obs; ++j) {
+      const int64_t t = qpos.data_ptr<int64_t>()[j] - sub.pos0;
+      if (t >= 0 && t < n) queries_at[t].push_back(j);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      s->push(sub.keys.narrow(1, t, 1), sub.values.narrow(1, t, 1), sub.pos0 + t);
+      // One settle per query sitting at t (a capture has at most one per position).
+      if (queries_at[t].empty()) s->settle(sub.queries.narrow(1, 0, 0), sub.prefix_keys);
+      for (int64_t j : queries_at[t]) s->settle(sub.queries.narrow(1, j, 1), sub.prefix_keys);
+    }
+    return s;
+  }
+
+  H2OConfig cfg_;
+  int64_t query_window_ = 32;
+  std::string queries_, mode_;
   nlohmann::json params_;
 };
 

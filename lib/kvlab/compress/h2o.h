@@ -22,6 +22,8 @@ class H2OCache {
   void accumulate(const double* probs);
   // Evicts until size() <= budget.
   void evict();
+  // A new budget (and recent window) for the next evictions; same bounds as the constructor.
+  void set_budget(int64_t budget, int64_t recent);
 
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<int64_t>& tokens() const { return tokens_; }  // held, arrival order

@@ -7,6 +7,8 @@
 // Summary. Per KV head keep the last `budget` tokens of the region, exact (bias 0). It is
 // StreamingLLM with no sinks; comparing the two isolates what the sinks are worth.
 //
+// In generation the window rolls by one entry per decoded token (window_stream.h).
+//
 // Parameters: none.
 //
 // Deviations: none (the harness's --keep-first would add sinks back; leave it at 0 to measure
@@ -14,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/window_stream.h"
 
 
 namespace kvlab {
@@ -31,6 +34,9 @@ class Local final : public Compressor {
     if (b >= n) return keep_all(kv);
     auto idx = at::arange(n - b, n, kv.keys.options().dtype(at::kLong));  // [b]
     return gather_kept(kv, idx.unsqueeze(0).expand({h_kv, b}).contiguous());  // [Hkv, b]
+  }
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    return start_window_stream(kv, opt.budget, 0);
   }
 
  private:

@@ -133,4 +133,14 @@ std::vector<std::string> compressor_names() {
   return out;
 }
 
+bool streams_while_decoding(const std::string& name) {
+  auto c = make_compressor(name, nlohmann::json::object());
+  LayerKV empty;
+  empty.keys = at::zeros({1, 0, 4});
+  empty.values = at::zeros({1, 0, 4});
+  CompressOptions opt;
+  opt.budget = Budget::of_entries(64);
+  return c->start_stream(empty, opt) != nullptr;
+}
+
 }  // namespace kvlab

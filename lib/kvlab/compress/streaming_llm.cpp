@@ -9,6 +9,9 @@
 // recent tokens keeps it stable. Per KV head the cache keeps the first `n_sink` tokens of the
 // region and the most recent tokens that fill the rest of the budget; every entry exact (bias 0).
 //
+// In generation (start_stream, window_stream.h) the window rolls by one entry per decoded token once
+// the budget is reached: `--budget N` holds N entries, `--ratio r` r·(tokens seen).
+//
 // Parameters: n_sink [4] (>= 0).
 //
 // Deviations:
@@ -19,10 +22,47 @@
 #include <ATen/ATen.h>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/window_stream.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 namespace {
+
+class WindowStream final : public LayerStream {
+ public:
+  WindowStream(const LayerKV& kv, const Budget& budget, int64_t n_sink)
+      : budget_(budget), n_sink_(n_sink), n_seen_(kv.n_tokens()) {
+    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
+    held_.keys = kv.keys;
+    held_.values = kv.values;
+    held_.bias = at::zeros({h, n}, kv.keys.options());
+    held_.pos = at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)).view({1, n}).expand({h, n}).contiguous();
+    shrink();
+  }
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
+    append_exact(held_, k, v, pos0);
+    n_seen_ += k.size(1);
+  }
+  void settle(const at::Tensor&, const at::Tensor&) override { shrink(); }
+  const KVSet& held() const override { return held_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  // Keeps the first min(n_sink, b) held entries and the last ones up to b (what compress keeps).
+  void shrink() {
+    const int64_t b = budget_.entries_for(n_seen_), m = held_.keys.size(1), h = held_.keys.size(0);
+    if (m <= b) return;
+    const int64_t sinks = std::min(n_sink_, b);
+    auto opts = held_.pos.options();
+    auto idx = at::cat({at::arange(0, sinks, opts), at::arange(m - (b - sinks), m, opts)});  // [b]
+    held_ = gather_entries(held_, idx.view({1, b}).expand({h, b}).contiguous());
+  }
+
+  Budget budget_;
+  int64_t n_sink_;
+  int64_t n_seen_;
+  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+};
 
 class StreamingLLM final : public Compressor {
  public:
@@ -44,6 +84,9 @@ class StreamingLLM final : public Compressor {
     auto idx = at::cat({at::arange(0, sinks, opts), at::arange(n - recent, n, opts)});  // [b]
     return gather_kept(kv, idx.unsqueeze(0).expand({h_kv, b}).contiguous());           // [Hkv, b]
   }
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    return start_window_stream(kv, opt.budget, n_sink_);
+  }
 
  private:
   int64_t n_sink_ = 4;
@@ -51,6 +94,10 @@ class StreamingLLM final : public Compressor {
 };
 
 }  // namespace
+
+std::unique_ptr<LayerStream> start_window_stream(const LayerKV& kv, const Budget& budget, int64_t n_sink) {
+  return std::make_unique<WindowStream>(kv, budget, n_sink);
+}
 
 std::unique_ptr<Compressor> make_streaming_llm(const nlohmann::json& params) {
   return std::make_unique<StreamingLLM>(Params(params, "streaming_llm"));

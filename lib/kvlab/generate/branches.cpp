@@ -70,7 +70,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   const int n_layers = static_cast<int>(model.config.n_layers);
   for (int l = 0; l < n_layers; ++l)
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
-                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms));
+                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream));
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();
 
@@ -81,7 +81,9 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     if (step > 0) {
       at::Tensor token = at::tensor(std::vector<int64_t>{r.ids.back()}, at::kLong);  // [1]
-      logits = forward(model, token, pos, attn).select(0, 0);                         // [vocab]
+      ForwardOptions fo;
+      fo.tap = opt.tap;
+      logits = forward(model, token, pos, attn, fo).select(0, 0);                     // [vocab]
       ++pos;
     }
     if (opt.on_logits) opt.on_logits(step, logits);
@@ -91,6 +93,9 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     if (opt.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
   }
   r.decode_seconds = seconds_since(t0);
+  r.kv_bytes_end = attn.bytes();
+  if (opt.on_done) opt.on_done(attn);
+  r.kv_bytes_peak = attn.peak_bytes();
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <vector>
 
+#include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/model/model.h"
 
@@ -34,6 +35,7 @@ struct BranchSpec {
   uint64_t seed = 0;
   int64_t keep_first = 0;  // positions kept exact before the compressed region
   int64_t keep_last = 0;   // prompt positions kept exact after it
+  bool stream = true;      // streaming methods keep compressing while decoding; false = --prefill-only
 };
 
 struct BranchOptions {
@@ -41,11 +43,15 @@ struct BranchOptions {
   bool stop_at_eos = true;
   std::function<void(int64_t step, const at::Tensor& logits)> on_logits;  // logits [vocab] of each choice
   std::function<void(int64_t id)> on_token;
+  QkvTap* tap = nullptr;  // sees every decode step's q/k/v (tests drive the streams offline with them)
+  std::function<void(const CompressedAttention&)> on_done;  // the cache as decoding left it
 };
 
 struct BranchResult {
   std::vector<int64_t> ids;     // generated tokens
   int64_t kv_bytes = 0;         // the compressed cache right after compression
+  int64_t kv_bytes_end = 0;     // ... after the last decoded token
+  int64_t kv_bytes_peak = 0;    // the most it held (CompressedAttention::peak_bytes)
   double compress_ms = 0;       // every layer's compress() call
   double decode_seconds = 0;
 };

@@ -1,0 +1,139 @@
+// kvlab ppl --model M --text FILE [--max-tokens N] [--method a,b] [--cache-size 50,100] [--param k=v]
+//           [--seed S] [--out DIR | --results-dir D --name N] [--overwrite]
+// Perplexity of a text read token by token through each method's cache of --cache-size entries per
+// KV head and layer, streamed from the first token (BUZZ Table 3's protocol), beside the full
+// cache's, with each method's fidelity to the full cache on the same text: mean KL(full ‖ method)
+// of the next-token distribution and top-1 agreement (generate/ppl.h). Prints a table and writes
+// result.json.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "command.h"
+#include "commands.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/progress.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/generate/ppl.h"
+#include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct PplOptionsCmd {
+  std::string model;
+  std::string text;
+  int64_t max_tokens = 1024;
+  std::string method = "buzz,buzz-logn,h2o,streaming_llm,local";
+  std::vector<int64_t> cache_size = {50, 100};
+  std::vector<std::string> param;
+  nlohmann::json params = nlohmann::json::object();
+  int64_t seed = 42;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  std::string out;
+  std::string name = "ppl";
+  std::string results_dir = "results";
+  bool overwrite = false;
+  bool quiet = false;
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
+    f.add("text", text, "a raw text file, e.g. ../shared/data/wikitext2/wiki.test.raw").required();
+    f.add("max_tokens", max_tokens, "read the first N tokens of the text (BOS included)");
+    f.add("method", method, "comma-separated streaming methods (exact = the full cache token by token)");
+    f.add("cache_size", cache_size, "entries per KV head and layer each method may hold, e.g. 50,100");
+    f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
+    f.add("params", params, "config only: {\"method\": {\"key\": value}}");
+    f.add("seed", seed, "seed of random methods");
+    f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
+    f.add("name", name, "experiment name (the results subfolder)");
+    f.add("results_dir", results_dir, "base directory of results");
+    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    f.add("quiet", quiet, "no progress output");
+  }
+};
+
+std::string read_text(const std::string& path) {
+  KVLAB_CHECK(std::filesystem::is_regular_file(path), "--text {}: not a readable file", path);
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  KVLAB_CHECK(f.good() || f.eof(), "--text {}: read failed", path);
+  return ss.str();
+}
+
+nlohmann::json row_json(const PplRow& r) {
+  return {{"method", r.method},       {"cache_size", r.cache_size}, {"n_predicted", r.n_predicted},
+          {"nll", r.nll},             {"ppl", r.ppl},               {"kl_full", r.kl},
+          {"top1_agree", r.top1},     {"kv_bytes_peak", r.kv_bytes_peak}, {"seconds", r.seconds}};
+}
+
+void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
+  KVLAB_CHECK(o.max_tokens >= 2, "--max-tokens must be >= 2, got {}", o.max_tokens);
+  KVLAB_CHECK(!o.cache_size.empty(), "--cache-size: give at least one size");
+  KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+  auto methods = build_methods(o.method, o.param, o.params);
+  const std::string text = read_text(o.text);
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.device = parse_device(o.device, "--device");
+  ModelSource src = resolve_model(o.model, "--model");
+  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Tokenizer tok = load_model_tokenizer(src);
+  std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/true);
+  const int64_t context = model.config.max_position_embeddings;
+  KVLAB_CHECK(context <= 0 || o.max_tokens <= context, "--max-tokens {} exceeds {}'s context of {} positions",
+              o.max_tokens, model.id, context);
+  KVLAB_CHECK(ids.size() >= 2, "--text {}: {} tokens; at least 2 are needed", o.text, ids.size());
+  if (int64_t(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
+
+  std::vector<PplBranch> branches;
+  for (const auto& m : methods)
+    for (int64_t c : o.cache_size) branches.push_back({m, c, static_cast<uint64_t>(o.seed)});
+  check_ppl_branches(model, branches);
+  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  fmt::print(stderr, "[ppl] {} tokens of {}, {} branches (each token by token) + the full cache -> {}\n", ids.size(),
+             o.text, branches.size(), run.path());
+  Progress progress("ppl", int64_t(ids.size()) - 1, !o.quiet);
+  int64_t done = 0;
+  PplOptions po;
+  po.progress = [&](int64_t pos, int64_t) {
+    progress.advance(pos - done);
+    done = pos;
+  };
+  PplResult res = run_ppl(model, ids, branches, po);
+  progress.finish();
+
+  nlohmann::json rows = nlohmann::json::array();
+  rows.push_back(row_json(res.full));
+  for (size_t i = 0; i < res.rows.size(); ++i) {
+    auto j = row_json(res.rows[i]);
+    j["params"] = branches[i].method.compressor->params();
+    rows.push_back(j);
+  }
+  auto context_json = context_block(o.device, static_cast<uint64_t>(o.seed), effective);
+  context_json["model_id"] = model.id;
+  context_json["text"] = o.text;
+  run.write_result(context_json, rows, {{"n_tokens", res.n_tokens}, {"complete", true}});
+  std::cout << render_table(rows, {"method", "cache_size", "ppl", "kl_full", "top1_agree", "kv_bytes_peak", "seconds"});
+  fmt::print(stderr, "[ppl] wrote {}\n", run.file("result.json"));
+}
+
+}  // namespace
+
+void setup_ppl(CLI::App& app) {
+  add_command<PplOptionsCmd>(app, "ppl",
+                             "Perplexity through streamed caches of N entries, with KL and top-1 agreement to the full cache",
+                             run_ppl_cmd);
+}
+
+}  // namespace kvlab::cli
