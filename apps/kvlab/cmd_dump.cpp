@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/memory.h"
 #include "kvlab/core/progress.h"
 #include "kvlab/core/report.h"
 #include "kvlab/eval/datasets.h"
@@ -132,14 +133,6 @@ struct CaptureTap : QkvTap {
     if (progress) progress->advance(1);
   }
 };
-
-int64_t peak_rss_kib() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
-  return -1;
-}
 
 void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
 #if defined(__GLIBC__)

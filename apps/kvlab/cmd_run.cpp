@@ -17,6 +17,7 @@
 // the config only, not the model file's or the binary's contents.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 
 #include "command.h"
 #include "commands.h"
@@ -129,9 +131,19 @@ std::string command_line(const std::vector<std::string>& argv) {
   return s;
 }
 
+// A step's command as argv words: "bench generate" is two.
+std::vector<std::string> command_words(const std::string& command) {
+  std::vector<std::string> words;
+  std::istringstream in(command);
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
 // Capture steps replace their own output (the run re-makes it when its config changed).
 std::vector<std::string> step_argv(const std::string& exe, const Step& s) {
-  std::vector<std::string> argv = {exe, "--threads", std::to_string(threads()), s.command, "--config", s.config_file};
+  std::vector<std::string> argv = {exe, "--threads", std::to_string(threads())};
+  for (const auto& w : command_words(s.command)) argv.push_back(w);
+  for (const auto& a : {std::string("--config"), s.config_file}) argv.push_back(a);
   if (kCachedCommands.count(s.command)) argv.push_back("--overwrite");
   return argv;
 }
@@ -189,10 +201,13 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
     KVLAB_CHECK(s.command != "run", "{}: a run file cannot run 'run'", where);
     s.config = arr[i].value("config", nlohmann::json::object());
     KVLAB_CHECK(s.config.is_object(), "{}: 'config' must be an object, found {}", where, s.config.type_name());
-    s.config_file = fmt::format("{}/step{}_{}.json", tmp.path, i, s.command);
+    s.config_file = fmt::format("{}/step{}_{}.json", tmp.path, i, fmt::join(command_words(s.command), "_"));
     write_json_atomic(s.config_file, s.config);
     std::string out;
-    int rc = run_process({exe, s.command, "--config", s.config_file, "--print-config"}, &out);
+    std::vector<std::string> probe = {exe};
+    for (const auto& w : command_words(s.command)) probe.push_back(w);
+    for (const char* a : {"--config", s.config_file.c_str(), "--print-config"}) probe.push_back(a);
+    int rc = run_process(probe, &out);
     KVLAB_CHECK(rc == 0, "{}: command '{}' rejected its config (exit {}; see the message above)", where, s.command,
                 rc);
     try {

@@ -302,3 +302,30 @@ TEST_CASE("cli: ppl streams each method's cache from the first token (stories260
   check_one_error(run_kvlab("generate --model " + model + " --prompt-ids 1,2,3,4,5,6,7,8,9 --method h2o --ratio 0.5 "
                             "--keep-last 2"), "--keep-last 2: h2o streams while decoding");
 }
+
+TEST_CASE("cli: bench generate measures every method beside exact on one prefill per context (stories260K)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  const std::string text = test::shared_dir() + "/data/wikitext2/wiki.test.raw";
+  if (!fs::exists(model + "/model.safetensors") || !fs::exists(text)) {
+    MESSAGE("skipped: stories260K or wikitext2 not found (set KVLAB_SHARED)");
+    return;
+  }
+  auto dir = test::temp_dir("kvlab_cli_bench_generate");
+  auto r = run_kvlab("bench generate --model " + model + " --text " + text + " --context 120,240 --new-tokens 6 "
+                     "--obs-queries 16 --method streaming_llm,snapkv --param snapkv.window=8 --out " + dir + "/b");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  auto j = read_json_file(dir + "/b/result.json");
+  CHECK(j["prefills"] == 2);
+  REQUIRE(j["rows"].size() == 6);  // exact added first, per context
+  for (size_t i = 0; i < 6; ++i) {
+    const auto& row = j["rows"][i];
+    CHECK(row["context"] == (i < 3 ? 120 : 240));
+    CHECK(row["method"] == std::vector<std::string>{"exact", "streaming_llm", "snapkv"}[i % 3]);
+    CHECK(row["decoded"] == 5);
+    if (i % 3 == 0) CHECK(row["kv_vs_exact"].get<double>() == 1.0);
+    // ratio 0.2 of the prompt (+ snapkv's exact window of 8): the bytes really drop
+    else CHECK(row["kv_vs_exact"].get<double>() < 0.3);
+  }
+  check_one_error(run_kvlab("bench generate --model " + model + " --text " + text + " --context 100000"),
+                  "exceed");
+}

@@ -1,0 +1,170 @@
+// kvlab bench generate --model M [--context 2048,4096,8192] [--method exact,h2o,snapkv,...] [--ratio 0.2]
+//                      [--new-tokens 64] [--text FILE] [--obs-queries N] [--out DIR | --name N]
+// Chelsea Table 3's columns for each method beside the full cache, measured in the same run: time
+// to first token (the shared prefill + the method's compression), time per output token (median
+// over --new-tokens greedy steps), the KV cache's bytes after prefill and at its peak, and the
+// process's resident memory. One exact prefill per context is shared by every method
+// (generate/branches.h); `prefills` in the output counts them. The prompt is the first `context`
+// tokens of --text. `exact` (the full cache through the same decode path) is always run first and
+// every ratio column is against it.
+#include <CLI/CLI.hpp>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "command.h"
+#include "commands.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/memory.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/core/report.h"
+#include "kvlab/generate/branches.h"
+#include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
+
+namespace kvlab::cli {
+namespace {
+
+struct GenerateBenchOptions {
+  std::string model = "smollm2-135m";
+  std::vector<int64_t> context = {2048, 4096, 8192};
+  std::string method = "exact,h2o,snapkv,streaming_llm,chelsea";
+  std::vector<double> ratio = {0.2};
+  int64_t new_tokens = 64;
+  std::string text = "../shared/data/wikitext2/wiki.test.raw";
+  int64_t obs_queries = 256;
+  std::vector<std::string> param;
+  nlohmann::json params = nlohmann::json::object();
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  std::string out;
+  std::string name = "bench_generate";
+  std::string results_dir = "results";
+  bool overwrite = false;
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)");
+    f.add("context", context, "prompt lengths in tokens, e.g. 2048,4096,8192");
+    f.add("method", method, "comma-separated methods; exact is added first if missing");
+    f.add("ratio", ratio, "fraction of the prompt each method keeps, e.g. 0.2");
+    f.add("new_tokens", new_tokens, "greedy tokens decoded per method (TPOT = the median step; >= 2)");
+    f.add("text", text, "the prompt text (its first `context` tokens)");
+    f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
+    f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
+    f.add("params", params, "config only: {\"method\": {\"key\": value}}");
+    f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
+    f.add("name", name, "experiment name (the results subfolder)");
+    f.add("results_dir", results_dir, "base directory of results");
+    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& effective) {
+  KVLAB_CHECK(o.new_tokens >= 2, "--new-tokens must be >= 2, got {}", o.new_tokens);
+  KVLAB_CHECK(!o.context.empty(), "--context: give at least one length");
+  std::string names = o.method;
+  if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
+  auto methods = build_methods(names, o.param, o.params);
+  auto budgets = budget_settings(o.ratio, {}, {});
+  KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.device = parse_device(o.device, "--device");
+  ModelSource src = resolve_model(o.model, "--model");
+  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  std::ifstream f(o.text, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::vector<int64_t> ids = load_model_tokenizer(src).encode(ss.str(), /*add_bos=*/true);
+  const int64_t limit = model.config.max_position_embeddings;
+  for (int64_t c : o.context) {
+    KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
+    KVLAB_CHECK(limit <= 0 || c + o.new_tokens <= limit, "--context {} + --new-tokens {} exceed {}'s context of {} "
+                "positions", c, o.new_tokens, model.id, limit);
+    KVLAB_CHECK(c <= int64_t(ids.size()), "--context {}: --text {} has only {} tokens", c, o.text, ids.size());
+  }
+  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  c10::InferenceMode guard;
+  nlohmann::json rows = nlohmann::json::array();
+  int prefills = 0;
+  for (int64_t c : o.context) {
+    std::vector<int64_t> prompt(ids.begin(), ids.begin() + c);
+    Prefill pre = run_prefill(model, prompt, o.obs_queries);
+    ++prefills;
+    fmt::print(stderr, "[bench generate] context {}: prefill {:.2f} s ({:.0f} tokens/s)\n", c, pre.seconds,
+               c / std::max(pre.seconds, 1e-9));
+    double exact_tpot = 0, exact_bytes = 0;
+    for (const auto& m : methods)
+      for (const auto& b : budgets) {
+        BranchOptions bo;
+        bo.max_new_tokens = o.new_tokens;
+        bo.stop_at_eos = false;
+        std::vector<double> steps;  // seconds of each decode step (the first token is the prefill's)
+        auto last = std::chrono::steady_clock::now();
+        bo.on_token = [&](int64_t) {
+          auto now = std::chrono::steady_clock::now();
+          steps.push_back(std::chrono::duration<double>(now - last).count());
+          last = now;
+        };
+        BranchSpec spec{m, m.name == "exact" ? Budget::of_ratio(1.0) : b, 0, 0, 0};
+        last = std::chrono::steady_clock::now();
+        BranchResult r = run_branch(model, pre, spec, bo);
+        steps.erase(steps.begin());  // compression + argmax of the prefill's logits
+        const double tpot = median(steps);
+        if (m.name == "exact") exact_tpot = tpot, exact_bytes = double(r.kv_bytes_peak);
+        nlohmann::json row = {{"context", c},
+                              {"method", m.name},
+                              {"setting", m.name == "exact" ? "full" : b.label()},
+                              {"ttft_s", pre.seconds + r.compress_ms / 1000.0},
+                              {"prefill_s", pre.seconds},
+                              {"compress_ms", r.compress_ms},
+                              {"tpot_ms", tpot * 1000.0},
+                              {"tpot_vs_exact", exact_tpot > 0 ? tpot / exact_tpot : 1.0},
+                              {"kv_bytes", r.kv_bytes},
+                              {"kv_bytes_peak", r.kv_bytes_peak},
+                              {"kv_vs_exact", exact_bytes > 0 ? r.kv_bytes_peak / exact_bytes : 1.0},
+                              {"decoded", steps.size()},
+                              {"streaming", streams_while_decoding(m.name)},
+                              {"rss_mib", current_rss_kib() / 1024.0},
+                              {"params", m.compressor->params()}};
+        fmt::print(stderr, "[bench generate] context {} {} {}: TPOT {:.1f} ms ({:.2f} of exact), KV {:.1f} MiB "
+                   "({:.3f} of exact), compress {:.0f} ms\n", c, m.name, row["setting"].get<std::string>(),
+                   tpot * 1000, row["tpot_vs_exact"].get<double>(), r.kv_bytes_peak / 1048576.0,
+                   row["kv_vs_exact"].get<double>(), r.compress_ms);
+        rows.push_back(row);
+        if (m.name == "exact") break;  // one full-cache row per context
+      }
+  }
+  auto ctx = context_block(o.device, 0, effective);
+  ctx["model_id"] = model.id;
+  run.write_result(ctx, rows, {{"prefills", prefills}, {"peak_rss_mib", peak_rss_kib() / 1024.0}, {"complete", true}});
+  std::cout << render_table(rows, {"context", "method", "setting", "ttft_s", "compress_ms", "tpot_ms", "tpot_vs_exact",
+                                   "kv_vs_exact", "rss_mib"});
+  fmt::print("prefills: {} (one per context, shared by {} methods); peak RSS {:.0f} MiB\n", prefills, methods.size(),
+             peak_rss_kib() / 1024.0);
+  fmt::print(stderr, "[bench generate] wrote {}\n", run.file("result.json"));
+}
+
+}  // namespace
+
+void setup_bench_generate(CLI::App& app) {
+  add_command<GenerateBenchOptions>(bench_group(app), "generate",
+                                    "TTFT, TPOT, KV bytes and RSS of each method beside the full cache, one prefill "
+                                    "per context",
+                                    run_generate_bench);
+}
+
+}  // namespace kvlab::cli

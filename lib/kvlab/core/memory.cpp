@@ -1,0 +1,22 @@
+#include "kvlab/core/memory.h"
+
+#include <fstream>
+#include <string>
+
+namespace kvlab {
+
+namespace {
+int64_t status_kib(const char* key) {
+  std::ifstream f("/proc/self/status");
+  const std::string k = key;
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
+  return -1;
+}
+}  // namespace
+
+int64_t peak_rss_kib() { return status_kib("VmHWM:"); }
+int64_t current_rss_kib() { return status_kib("VmRSS:"); }
+
+}  // namespace kvlab
