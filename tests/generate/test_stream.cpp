@@ -38,6 +38,19 @@ struct StepTap : QkvTap {
   }
 };
 
+// Per-head real entries of a set (bias > -inf) as (key row, bias), sorted.
+std::vector<std::pair<std::vector<double>, double>> entries(const at::Tensor& keys, const at::Tensor& bias, int64_t h) {
+  std::vector<std::pair<std::vector<double>, double>> out;
+  auto k = keys[h].to(at::kDouble).contiguous();
+  for (int64_t j = 0; j < keys.size(1); ++j) {
+    const double b = bias[h][j].item<double>();
+    if (std::isinf(b)) continue;
+    out.emplace_back(std::vector<double>(k[j].data_ptr<double>(), k[j].data_ptr<double>() + k.size(1)), b);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<int64_t> positions(const KVSet& s, int64_t h) {
   auto p = s.pos[h].contiguous();
   return std::vector<int64_t>(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
@@ -59,12 +72,12 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
   const int n_layers = static_cast<int>(model.config.n_layers);
   const int64_t n = static_cast<int64_t>(kPrompt.size()), steps = 30, keep_first = 2;
   Prefill pre = run_prefill(model, kPrompt, 8);
-  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local"}) {
+  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea"}) {
     for (const Budget budget : {Budget::of_entries(16), Budget::of_ratio(0.5)}) {
       INFO("method=" << name << " " << budget.label());
       MethodSpec m;
       m.name = name;
-      m.compressor = make_compressor(name, nlohmann::json::object());
+      m.compressor = make_compressor(name, name == "chelsea" ? nlohmann::json{{"interval", 4}} : nlohmann::json::object());
       BranchSpec spec{m, budget, 3, keep_first, 0};
       StepTap tap(n_layers);
       std::vector<KVSet> gen_held;
@@ -93,6 +106,13 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
         co.seed = 3;
         auto s = m.compressor->start_stream(region, co);
         REQUIRE(s);
+        // Right after prefill the stream holds what replay's compress() keeps (same entries per head).
+        if (l == 0) {
+          CompressedKV c = m.compressor->compress(region, co);
+          auto cb = c.bias.defined() ? c.bias : at::zeros({c.keys.size(0), c.keys.size(1)});
+          for (int64_t h = 0; h < c.keys.size(0); ++h)
+            CHECK(entries(s->held().keys, s->held().bias, h) == entries(c.keys, cb, h));
+        }
         const at::Tensor prefix = pre.k[l].narrow(1, 0, keep_first);
         for (int64_t i = 0; i < steps; ++i) {
           s->push(tap.k[l][i], tap.v[l][i], n + i);
@@ -121,6 +141,14 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
           for (int64_t h = 0; h < gen.pos.size(0); ++h) {
             auto p = positions(gen, h);
             for (int64_t j = 0; j < recent; ++j) CHECK(p[held - recent + j] == n + steps - recent + j);
+          }
+        } else if (name == "chelsea") {
+          // Every token is represented once (Σ degree = tokens seen) in fewer than budget + g entries.
+          for (int64_t h = 0; h < gen.bias.size(0); ++h) {
+            auto b = gen.bias[h];
+            auto real = b.isfinite();
+            CHECK(b.masked_select(real).exp().sum().item<double>() == doctest::Approx(double(seen)).epsilon(1e-9));
+            CHECK(real.sum().item<int64_t>() < cap + 4);
           }
         } else {
           CHECK(held < seen);  // BUZZ evicted (its peak, k + w + T, is checked in the layout test)

@@ -26,7 +26,7 @@
 //   family [llama2] selecting r_init/alpha/m presets (llama2 0.45/0.05/3, llama3 0.35/0.1/2,
 //   qwen2 0.2/0.1/2), r_init, alpha, m (override the preset), r_min [0.05], full_heads [""],
 //   full_layers [""], outliers [""] (a `kvlab calibrate chelsea` file), outlier_fraction [0.04],
-//   reallocate [model] (model | layer).
+//   reallocate [model] (model | layer), interval [32] (g: decoding re-clusters at budget + g).
 //
 // Deviations / decisions:
 // - Steps re-chunk the current (already merged) entries in order; a merged entry sits at its B
@@ -48,11 +48,16 @@
 //   (LayerKV::n_layers) and the full set, which every layer computes alike (n is the same for every
 //   layer of a sample). The head index is the row of `kv.keys`: correct when the region holds
 //   every KV head of the layer in order (replay without --heads).
-// - The generation interval g (Alg. 1) is an argument of ChelseaCache::maybe_compress, not a
-//   replay parameter (replay compresses once).
+// - Generation (start_stream, ChelseaStream): after prefill every KV head is compressed to its
+//   budget as compress() does; while decoding a head is compressed again to its budget when it
+//   reaches budget + g, g = parameter `interval` [32] (Alg. 1; the paper gives no default). The
+//   budget follows the tokens seen (a ratio r keeps r·(n + decoded)); the paper fixes
+//   B = R·(n + Γ) for a maximum decoding length Γ, which --budget N reproduces. Replay ignores
+//   `interval` (it compresses once).
 #include "kvlab/compress/chelsea.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -251,6 +256,62 @@ std::set<std::pair<int64_t, int64_t>> parse_full_heads(const std::string& s) {
   return out;
 }
 
+// One layer of Chelsea while decoding (stream.h): a ChelseaCache per KV head (heads may have
+// different budgets: outlier heads keep everything), held as one padded set with bias log(degree).
+// Every entry is visible to every later query (pos -1): a step pushes one token.
+class ChelseaStream final : public LayerStream {
+ public:
+  using Budgets = std::function<std::vector<int64_t>(int64_t n_seen)>;
+  ChelseaStream(const ChelseaConfig& cfg, const LayerKV& kv, Budgets budgets, int64_t interval)
+      : budgets_(std::move(budgets)), interval_(interval), n_seen_(kv.n_tokens()) {
+    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
+    const auto b = budgets_(n);
+    for (int64_t i = 0; i < h; ++i) {
+      heads_.emplace_back(cfg, 1);
+      heads_.back().append(kv.keys.narrow(0, i, 1), kv.values.narrow(0, i, 1));
+      if (b[i] < n) heads_.back().compress_to(b[i]);
+    }
+    rebuild();
+  }
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t) override {
+    KVLAB_CHECK(k.size(1) == 1, "chelsea: decoding pushes one token per step, got {}", k.size(1));
+    for (size_t i = 0; i < heads_.size(); ++i) heads_[i].append(k.narrow(0, i, 1), v.narrow(0, i, 1));
+    n_seen_ += 1;
+    rebuild();
+  }
+  void settle(const at::Tensor&, const at::Tensor&) override {
+    const auto b = budgets_(n_seen_);
+    bool changed = false;
+    for (size_t i = 0; i < heads_.size(); ++i) changed |= heads_[i].maybe_compress(b[i], interval_);
+    if (changed) rebuild();
+  }
+  const KVSet& held() const override { return held_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  void rebuild() {
+    int64_t m = 0;
+    for (const auto& c : heads_) m = std::max(m, c.size());
+    const auto& k0 = heads_.front().keys();
+    const int64_t h = static_cast<int64_t>(heads_.size());
+    held_.keys = at::zeros({h, m, k0.size(2)}, k0.options());
+    held_.values = at::zeros({h, m, heads_.front().values().size(2)}, k0.options());
+    held_.bias = at::full({h, m}, -std::numeric_limits<double>::infinity(), k0.options());
+    held_.pos = at::full({h, m}, -1, k0.options().dtype(at::kLong));
+    for (int64_t i = 0; i < h; ++i) {
+      const auto& c = heads_[i];
+      held_.keys[i].narrow(0, 0, c.size()).copy_(c.keys()[0]);
+      held_.values[i].narrow(0, 0, c.size()).copy_(c.values()[0]);
+      held_.bias[i].narrow(0, 0, c.size()).copy_(c.degree()[0].log());
+    }
+  }
+  Budgets budgets_;
+  int64_t interval_;
+  int64_t n_seen_;
+  std::vector<ChelseaCache> heads_;
+  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m] (log degree; -inf padding), pos -1
+};
+
 class Chelsea final : public Compressor {
  public:
   explicit Chelsea(const nlohmann::json& given_in) {
@@ -303,6 +364,8 @@ class Chelsea final : public Compressor {
     KVLAB_CHECK(outlier_fraction_ >= 0 && outlier_fraction_ < 1,
                 "chelsea: parameter 'outlier_fraction' must be in [0, 1), got {}", outlier_fraction_);
     reallocate_ = p.get_string("reallocate", "model", {"model", "layer"});
+    interval_ = p.get_int("interval", 32);
+    KVLAB_CHECK(interval_ >= 0, "chelsea: parameter 'interval' (g) must be >= 0, got {}", interval_);
     if (!outliers_path_.empty()) outlier_scores_ = read_outlier_scores(outliers_path_);
     p.finish();
     params_ = p.effective();
@@ -311,6 +374,16 @@ class Chelsea final : public Compressor {
 
   std::string name() const override { return "chelsea"; }
   nlohmann::json params() const override { return params_; }
+
+  // Generation (Alg. 1): each KV head's cache is compressed to its budget after prefill, as
+  // compress() does, and again whenever it reaches budget + g while decoding.
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t h = kv.n_kv_heads(), layer = kv.layer, n_layers = std::max(kv.n_layers, kv.layer + 1);
+    auto budgets = [this, h, layer, n_layers, budget = opt.budget](int64_t n) {
+      return n == 0 ? std::vector<int64_t>(h, 0) : head_budgets(n, h, layer, n_layers, budget.entries_for(n));
+    };
+    return std::make_unique<ChelseaStream>(cfg_, kv, budgets, interval_);
+  }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();
@@ -373,13 +446,15 @@ class Chelsea final : public Compressor {
   // Per-head budgets of this layer: full heads keep n, the others share the rest so that the
   // total over the model (reallocate=model) or over the layer (reallocate=layer) stays B per head.
   std::vector<int64_t> head_budgets(const LayerKV& kv, int64_t budget) const {
-    const int64_t n = kv.n_tokens(), h = kv.n_kv_heads(), n_layers = std::max(kv.n_layers, kv.layer + 1);
+    return head_budgets(kv.n_tokens(), kv.n_kv_heads(), kv.layer, std::max(kv.n_layers, kv.layer + 1), budget);
+  }
+  std::vector<int64_t> head_budgets(int64_t n, int64_t h, int64_t layer, int64_t n_layers, int64_t budget) const {
     std::vector<int64_t> out(h, budget);
     const auto full = full_set(n_layers, h);
     if (full.empty() || budget >= n) return out;
     const bool by_layer = reallocate_ == "layer";
     // The heads sharing the budget, in (layer, head) order, and this layer's rank among them.
-    const int64_t l0 = by_layer ? kv.layer : 0, l1 = by_layer ? kv.layer + 1 : n_layers;
+    const int64_t l0 = by_layer ? layer : 0, l1 = by_layer ? layer + 1 : n_layers;
     int64_t n_full = 0, rank = 0;
     std::vector<int64_t> my_rank(h, -1);
     for (int64_t l = l0; l < l1; ++l)
@@ -388,7 +463,7 @@ class Chelsea final : public Compressor {
           ++n_full;
           continue;
         }
-        if (l == kv.layer) my_rank[i] = rank;
+        if (l == layer) my_rank[i] = rank;
         ++rank;
       }
     const int64_t all = (l1 - l0) * h, others = all - n_full, rest = all * budget - n_full * n;
@@ -436,6 +511,7 @@ class Chelsea final : public Compressor {
   std::set<int64_t> full_layers_;
   std::string outliers_path_, reallocate_;
   double outlier_fraction_ = 0.04;
+  int64_t interval_ = 32;
   at::Tensor outlier_scores_;  // [L, H] float64, from `outliers`
   nlohmann::json params_;
 };
