@@ -72,7 +72,7 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
   const int n_layers = static_cast<int>(model.config.n_layers);
   const int64_t n = static_cast<int64_t>(kPrompt.size()), steps = 30, keep_first = 2;
   Prefill pre = run_prefill(model, kPrompt, 8);
-  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea"}) {
+  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea", "cam"}) {
     for (const Budget budget : {Budget::of_entries(16), Budget::of_ratio(0.5)}) {
       INFO("method=" << name << " " << budget.label());
       MethodSpec m;
@@ -141,6 +141,15 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
           for (int64_t h = 0; h < gen.pos.size(0); ++h) {
             auto p = positions(gen, h);
             for (int64_t j = 0; j < recent; ++j) CHECK(p[held - recent + j] == n + steps - recent + j);
+          }
+        } else if (name == "cam") {
+          // StreamingLLM's positions (4 sinks + the most recent), values merged.
+          for (int64_t h = 0; h < gen.pos.size(0); ++h) {
+            auto p = positions(gen, h);
+            REQUIRE(int64_t(p.size()) == cap);
+            for (int64_t j = 0; j < 4; ++j) CHECK(p[j] == keep_first + j);
+            CHECK(p.back() == n + steps - 1);
+            CHECK(p[4] == n + steps - (cap - 4));
           }
         } else if (name == "chelsea") {
           // Every token is represented once (Σ degree = tokens seen) in fewer than budget + g entries.

@@ -19,6 +19,11 @@
 // attention (group-reduced by gqa_reduce); `cam_queries=last` uses only the last query — the
 // official decoding code's choice (the attention of the current step's query).
 //
+// Decoding (start_stream, CaMStream): after prefill the caches are compress()'s; each decoded
+// token attends first, its query's attention is added to the held tokens' scores (the official
+// code's per-step attention), the window grows to the budget on the tokens seen (--ratio) or stays
+// (--budget), and the token joins: the oldest window token leaves and may be merged, as above.
+//
 // Parameters:
 //   n_sink [4]          sinks kept exactly (StreamingLLM)
 //   merge_budget [32]   m: an evicted value is spread as V[e]/m over the next m tokens
@@ -95,6 +100,21 @@ void CaMCache::append(int64_t token, const double* value, double score, std::mt1
   --count_;
 }
 
+void CaMCache::set_window(int64_t w) {
+  TORCH_INTERNAL_ASSERT(w >= window_, "CaMCache::set_window: ", w, " < ", window_);
+  if (w == window_) return;
+  std::vector<int64_t> tok(static_cast<size_t>(w + 1));
+  std::vector<double> sc(static_cast<size_t>(w + 1)), vals(static_cast<size_t>((w + 1) * d_));
+  for (int64_t k = 0; k < count_; ++k) {
+    tok[k] = win_tok_[slot(k)];
+    sc[k] = win_scores_[slot(k)];
+    std::copy(win_vals_.begin() + slot(k) * d_, win_vals_.begin() + (slot(k) + 1) * d_, vals.begin() + k * d_);
+  }
+  win_tok_ = std::move(tok), win_scores_ = std::move(sc), win_vals_ = std::move(vals);
+  window_ = w;
+  head_ = 0;
+}
+
 void CaMCache::accumulate(const double* probs) {
   for (size_t i = 0; i < sinks_.size(); ++i) sink_scores_[i] += probs[i];
   for (int64_t k = 0; k < count_; ++k) win_scores_[slot(k)] += probs[sinks_.size() + k];
@@ -116,6 +136,116 @@ std::vector<double> CaMCache::values() const {
 // ---- the compressor ----------------------------------------------------------------
 
 namespace {
+
+// One layer of CaM while decoding (stream.h): a CaMCache per KV head and the held keys in its
+// order (sinks, then the window oldest first); the values are the cache's (merged). A step pushes
+// one token, which attends before it joins: its query's attention is added to the held scores, the
+// window grows to the budget on the tokens seen, and CaMCache::append evicts (and may merge) the
+// oldest window token.
+class CaMStream final : public LayerStream {
+ public:
+  CaMStream(const LayerKV& kv, const Budget& budget, int64_t n_sink, int64_t merge_budget, const at::Tensor& scores,
+            std::string reduce, uint64_t seed)
+      : budget_(budget), reduce_(std::move(reduce)), gen_(seed), n_seen_(kv.n_tokens()),
+        device_(kv.keys.device()), dtype_(kv.keys.scalar_type()) {
+    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens(), d = kv.values.size(2);
+    const int64_t cap = budget.entries_for(n);
+    sinks_ = std::min(n_sink, cap);
+    auto vals = kv.values.to(at::kCPU, at::kDouble).contiguous();  // [Hkv, n, d]
+    auto sc = scores.defined() ? scores.to(at::kCPU, at::kDouble).contiguous() : at::zeros({h, n}, at::kDouble);
+    for (int64_t i = 0; i < h; ++i) {  // one random stream over the heads in order, as compress()
+      heads_.emplace_back(sinks_, std::max<int64_t>(cap - sinks_, 0), merge_budget, d);
+      for (int64_t t = 0; t < n; ++t)
+        heads_.back().append(kv.pos0 + t, vals.data_ptr<double>() + (i * n + t) * d, sc.data_ptr<double>()[i * n + t],
+                             gen_);
+    }
+    follow(kv.keys.to(at::kCPU), at::arange(kv.pos0, kv.pos0 + n, at::kLong).view({1, n}).expand({h, n}));
+    rebuild();
+  }
+
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
+    KVLAB_CHECK(k.size(1) == 1, "cam: decoding pushes one token per step, got {}", k.size(1));
+    new_k_ = k, new_v_ = v, new_pos_ = pos0;
+    ++n_seen_;
+    rebuild();
+  }
+
+  void settle(const at::Tensor& q, const at::Tensor& prefix_keys) override {
+    const int64_t h = static_cast<int64_t>(heads_.size()), m = held_.keys.size(1);  // m: held + the new token
+    at::Tensor probs = q.size(1) > 0 ? stream_attention_probs(q, at::full({1}, new_pos_, at::kLong), prefix_keys,
+                                                              held_, 1.0, reduce_).select(1, 0).to(at::kCPU).contiguous()
+                                     : at::zeros({h, m}, at::kDouble);              // [Hkv, m]
+    auto v = new_v_.to(at::kCPU, at::kDouble).contiguous();                         // [Hkv, 1, d]
+    const int64_t window = std::max<int64_t>(budget_.entries_for(n_seen_) - sinks_, 0);
+    for (int64_t i = 0; i < h; ++i) {
+      const double* p = probs.data_ptr<double>() + i * m;
+      heads_[i].accumulate(p);  // the held tokens' part (the new token's is its arrival score)
+      heads_[i].set_window(std::max(window, heads_[i].window()));
+      heads_[i].append(new_pos_, v.data_ptr<double>() + i * v.size(2), p[m - 1], gen_);
+    }
+    follow(at::cat({keys_, new_k_.to(at::kCPU, keys_.scalar_type())}, 1),
+           at::cat({pos_, at::full({h, 1}, new_pos_, at::kLong)}, 1));
+    new_k_ = new_v_ = at::Tensor();
+    rebuild();
+  }
+
+  const KVSet& held() const override { return held_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  // The key store in the caches' order: `store` [Hkv, j, d] with positions `store_pos` [Hkv, j];
+  // the caches hold a subsequence of it (keys are never merged).
+  void follow(const at::Tensor& store, const at::Tensor& store_pos) {
+    const int64_t h = static_cast<int64_t>(heads_.size()), j = store.size(1);
+    auto sp = store_pos.contiguous();
+    std::vector<at::Tensor> rows;
+    std::vector<int64_t> pos;
+    for (int64_t i = 0; i < h; ++i) {
+      const auto toks = heads_[i].tokens();
+      const int64_t* row = sp.data_ptr<int64_t>() + i * j;
+      std::vector<int64_t> idx;
+      for (int64_t a = 0; a < j && idx.size() < toks.size(); ++a)
+        if (row[a] == toks[idx.size()]) idx.push_back(a);
+      TORCH_INTERNAL_ASSERT(idx.size() == toks.size(), "cam: a held token is missing from the key store");
+      rows.push_back(store[i].index_select(0, at::tensor(idx, at::kLong)));  // [m, d]
+      pos.insert(pos.end(), toks.begin(), toks.end());
+    }
+    keys_ = at::stack(rows);                                                          // [Hkv, m, d]
+    pos_ = at::tensor(pos, at::kLong).view({h, keys_.size(1)});                       // [Hkv, m]
+  }
+
+  // held_ = the caches' entries (their values merged), then the pending token if any.
+  void rebuild() {
+    const int64_t h = keys_.size(0), m = keys_.size(1), d = keys_.size(2);
+    std::vector<double> vals;
+    for (const auto& c : heads_) {
+      auto cv = c.values();
+      vals.insert(vals.end(), cv.begin(), cv.end());
+    }
+    auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+    held_.keys = keys_.to(opts);
+    held_.values = at::tensor(vals, at::kDouble).view({h, m, d}).to(opts);
+    held_.pos = pos_.to(device_);
+    if (new_k_.defined()) {
+      held_.keys = at::cat({held_.keys, new_k_.to(opts)}, 1);
+      held_.values = at::cat({held_.values, new_v_.to(opts)}, 1);
+      held_.pos = at::cat({held_.pos, at::full({h, 1}, new_pos_, held_.pos.options())}, 1);
+    }
+    held_.bias = at::zeros({h, held_.keys.size(1)}, opts);
+  }
+
+  Budget budget_;
+  std::string reduce_;
+  std::mt19937_64 gen_;
+  int64_t n_seen_, sinks_ = 0, new_pos_ = 0;
+  at::Device device_;
+  at::ScalarType dtype_;
+  std::vector<CaMCache> heads_;
+  at::Tensor keys_;  // [Hkv, m, d] CPU, in the caches' order (sinks, window oldest first)
+  at::Tensor pos_;   // [Hkv, m] their positions
+  at::Tensor new_k_, new_v_;  // the pending token [Hkv, 1, d]
+  KVSet held_;
+};
 
 class CaM final : public Compressor {
  public:
@@ -159,6 +289,13 @@ class CaM final : public Compressor {
     CompressedKV out = gather_kept(kv, idx.to(kv.keys.device()));
     out.values = merged.to(kv.values.options());                               // [Hkv, b, d]
     return out;
+  }
+
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    at::Tensor scores;
+    if (kv.n_tokens() > 0 && kv.queries.defined() && kv.queries.size(1) > 0)
+      scores = detail::accumulated_attention(detail::last_queries(kv, queries_ == "last" ? 1 : -1), reduce_);
+    return std::make_unique<CaMStream>(kv, opt.budget, n_sink_, merge_budget_, scores, reduce_, opt.seed);
   }
 
  private:

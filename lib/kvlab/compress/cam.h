@@ -22,6 +22,9 @@ class CaMCache {
   // per eviction, merge iff u < p) V[e]/m is added to the values of the next m window tokens
   // (all of them if the window holds fewer); keys are never changed.
   void append(int64_t token, const double* value, double score, std::mt19937_64& gen);
+  // A larger window (generation under a ratio: the cache grows with the tokens seen); w >= the
+  // current window.
+  void set_window(int64_t w);
   // One query's attention over the held tokens, in held order (size() entries).
   void accumulate(const double* probs);
 
@@ -29,7 +32,8 @@ class CaMCache {
   // Held tokens in order (sinks, then the window oldest first), their values [size(), head_dim].
   std::vector<int64_t> tokens() const;
   std::vector<double> values() const;
-  int64_t merges() const { return merges_; }  // evictions that merged
+  int64_t merges() const { return merges_; }
+  int64_t window() const { return window_; }  // evictions that merged
 
  private:
   int64_t slot(int64_t k) const { return (head_ + k) % (window_ + 1); }  // k-th oldest in window
