@@ -72,16 +72,20 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
   const int n_layers = static_cast<int>(model.config.n_layers);
   const int64_t n = static_cast<int64_t>(kPrompt.size()), steps = 30, keep_first = 2;
   Prefill pre = run_prefill(model, kPrompt, 8);
-  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea", "cam"}) {
+  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea", "cam", "subgen"}) {
     for (const Budget budget : {Budget::of_entries(16), Budget::of_ratio(0.5)}) {
       INFO("method=" << name << " " << budget.label());
       MethodSpec m;
       m.name = name;
-      m.compressor = make_compressor(name, name == "chelsea" ? nlohmann::json{{"interval", 4}} : nlohmann::json::object());
+      const nlohmann::json params = name == "chelsea"  ? nlohmann::json{{"interval", 4}}
+                                    : name == "subgen" ? nlohmann::json{{"t", 2}}
+                                                       : nlohmann::json::object();
+      m.compressor = make_compressor(name, params);
       BranchSpec spec{m, budget, 3, keep_first, 0};
       StepTap tap(n_layers);
       std::vector<KVSet> gen_held;
       std::vector<double> gen_scale;
+      std::vector<KVSet> gen_den;
       BranchOptions bo;
       bo.max_new_tokens = steps + 1;  // the first token comes from the prefill's logits
       bo.stop_at_eos = false;
@@ -91,6 +95,7 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
           REQUIRE(a.layer(l).stream);
           gen_held.push_back(a.layer(l).stream->held());
           gen_scale.push_back(a.layer(l).stream->logit_scale());
+          if (a.layer(l).stream->den()) gen_den.push_back(*a.layer(l).stream->den());
         }
       };
       run_branch(model, pre, spec, bo);
@@ -124,6 +129,11 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
         CHECK(at::equal(off.keys, gen.keys));
         CHECK(at::equal(off.values, gen.values));
         CHECK(at::equal(off.pos, gen.pos));
+        if (s->den()) {
+          REQUIRE(m.compressor->start_stream(region, co));
+          CHECK(at::equal(s->den()->keys, gen_den[l].keys));
+          CHECK(at::equal(s->den()->bias, gen_den[l].bias));
+        }
         CHECK(s->logit_scale() == gen_scale[l]);
         CHECK(s->n_seen() == n - keep_first + steps);
         // The method's own rule held, so eviction really ran during decoding.
@@ -151,6 +161,10 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
             CHECK(p.back() == n + steps - 1);
             CHECK(p[4] == n + steps - (cap - 4));
           }
+        } else if (name == "subgen") {
+          // Value samples carry log(mu/(s |v|^2)); the cache dropped what no sample refers to.
+          CHECK(held < seen);
+          CHECK(gen_den[l].keys.size(1) < seen);
         } else if (name == "chelsea") {
           // Every token is represented once (Σ degree = tokens seen) in fewer than budget + g entries.
           for (int64_t h = 0; h < gen.bias.size(0); ++h) {

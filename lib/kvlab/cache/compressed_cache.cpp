@@ -16,7 +16,7 @@ KVSet concat(const KVSet& a, const KVSet& b) {
   if (a.keys.size(1) == 0) return b;
   KVSet out;
   out.keys = at::cat({a.keys, b.keys.to(a.keys.scalar_type())}, 1);
-  out.values = at::cat({a.values, b.values.to(a.values.scalar_type())}, 1);
+  if (b.values.defined()) out.values = at::cat({a.values, b.values.to(a.values.scalar_type())}, 1);
   out.bias = at::cat({a.bias, b.bias.to(a.bias.scalar_type())}, 1);
   out.pos = at::cat({a.pos, b.pos}, 1);
   return out;
@@ -24,7 +24,8 @@ KVSet concat(const KVSet& a, const KVSet& b) {
 }  // namespace
 
 int64_t CompressedLayer::bytes() const {
-  return set_bytes(num) + set_bytes(den) + (stream ? set_bytes(stream->held()) : 0);
+  return set_bytes(num) + set_bytes(den) + (stream ? set_bytes(stream->held()) : 0) +
+         (stream && stream->den() ? set_bytes(*stream->den()) : 0);
 }
 
 int64_t CompressedLayer::entries() const {
@@ -75,7 +76,12 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
   if (l.stream) {
     l.stream->push(k_new, v_new, pos0);
     ao.logit_scale = l.stream->logit_scale();
-    out = attention(q, concat(l.num, l.stream->held()), nullptr, ao);
+    if (const KVSet* d = l.stream->den()) {
+      const KVSet den = concat(l.num, *d);  // the exact prefix is in both sets
+      out = attention(q, concat(l.num, l.stream->held()), &den, ao);
+    } else {
+      out = attention(q, concat(l.num, l.stream->held()), nullptr, ao);
+    }
     peak_[layer] = std::max(peak_[layer], l.bytes());
     l.stream->settle(q, l.num.keys.size(1) ? l.num.keys : at::Tensor());
   } else {

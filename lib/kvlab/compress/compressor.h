@@ -151,7 +151,7 @@ const CompressorInfo& compressor_info(const std::string& name);
 const std::vector<CompressorInfo>& compressor_infos();
 std::vector<std::string> compressor_names();
 // Whether the method (default parameters) keeps compressing while decoding: its start_stream
-// gives a stream (probed on an empty region).
+// gives a stream (probed on a tiny region).
 bool streams_while_decoding(const std::string& name);
 
 }  // namespace kvlab

@@ -135,12 +135,12 @@ std::vector<std::string> compressor_names() {
 
 bool streams_while_decoding(const std::string& name) {
   auto c = make_compressor(name, nlohmann::json::object());
-  LayerKV empty;
-  empty.keys = at::zeros({1, 0, 4});
-  empty.values = at::zeros({1, 0, 4});
+  LayerKV tiny;  // 8 distinct keys, no queries, kept to 4 entries
+  tiny.keys = at::sin(at::arange(32, at::kFloat)).view({1, 8, 4});
+  tiny.values = at::cos(at::arange(32, at::kFloat)).view({1, 8, 4});
   CompressOptions opt;
-  opt.budget = Budget::of_entries(64);
-  return c->start_stream(empty, opt) != nullptr;
+  opt.budget = Budget::of_entries(4);
+  return c->start_stream(tiny, opt) != nullptr;
 }
 
 }  // namespace kvlab

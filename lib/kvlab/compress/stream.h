@@ -37,6 +37,9 @@ class LayerStream {
   // What attention sees now: keys, values [Hkv, m, d], bias [Hkv, m] (-inf = empty slot),
   // pos [Hkv, m] int64 absolute positions (-1 = merged, visible to every later query).
   virtual const KVSet& held() const = 0;
+  // The separate denominator set where the method has one (SubGen): keys [Hkv, m', d], bias, pos;
+  // nullptr = the numerator set.
+  virtual const KVSet* den() const { return nullptr; }
   // Multiplies every logit of the layer (BUZZ log n); 1 = none.
   virtual double logit_scale() const { return 1.0; }
   // Tokens of the region seen so far: the prompt's region plus every pushed token.

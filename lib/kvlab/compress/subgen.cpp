@@ -45,9 +45,13 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/window_stream.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -154,6 +158,91 @@ double auto_delta(const double* k, int64_t n, int64_t d, int64_t m_max) {
   return hi;
 }
 
+// One layer of SubGen while decoding (stream.h): a SubGenState per KV head and the keys and values
+// of the tokens it references (cluster samples, value samples); a token no sample refers to any
+// more is dropped. Every decoded token is appended to the state when pushed (Alg. 1 processes
+// (k_i, v_i) before q_i); the numerator and denominator sets are rebuilt from the state each step.
+// All entries are visible to every later query (pos -1).
+class SubGenStream final : public LayerStream {
+ public:
+  SubGenStream(std::vector<subgen::SubGenState> states, const LayerKV& kv, const at::Tensor& kc, const at::Tensor& vc)
+      : states_(std::move(states)), store_(states_.size()), n_seen_(kv.n_tokens()), d_(kv.keys.size(2)),
+        dv_(kv.values.size(2)), opts_(kv.keys.options()) {
+    const int64_t n = kv.n_tokens();
+    for (size_t h = 0; h < states_.size(); ++h) {
+      const double* kh = kc.data_ptr<double>() + int64_t(h) * n * d_;
+      const double* vh = vc.data_ptr<double>() + int64_t(h) * n * dv_;
+      for (int64_t i = 0; i < n; ++i) add(h, kh + i * d_, vh + i * dv_);
+      collect(h);
+    }
+    rebuild();
+  }
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t) override {
+    KVLAB_CHECK(k.size(1) == 1, "subgen: decoding pushes one token per step, got {}", k.size(1));
+    auto kc = k.to(at::kCPU, at::kDouble).contiguous(), vc = v.to(at::kCPU, at::kDouble).contiguous();
+    for (size_t h = 0; h < states_.size(); ++h) {
+      add(h, kc.data_ptr<double>() + int64_t(h) * d_, vc.data_ptr<double>() + int64_t(h) * dv_);
+      collect(h);
+    }
+    ++n_seen_;
+    rebuild();
+  }
+  void settle(const at::Tensor&, const at::Tensor&) override {}
+  const KVSet& held() const override { return num_; }
+  const KVSet* den() const override { return &den_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  void add(size_t h, const double* k, const double* v) {
+    const int64_t id = states_[h].n_tokens();
+    states_[h].append(k, v, dv_);
+    std::vector<double> row(k, k + d_);
+    row.insert(row.end(), v, v + dv_);
+    store_[h].emplace(id, std::move(row));
+  }
+  // Drops the tokens no sample of head h refers to.
+  void collect(size_t h) {
+    std::unordered_set<int64_t> used;
+    for (const auto& [id, w] : states_[h].numerator()) used.insert(id);
+    for (const auto& [id, w] : states_[h].denominator()) used.insert(id);
+    for (auto it = store_[h].begin(); it != store_[h].end();)
+      it = used.count(it->first) ? std::next(it) : store_[h].erase(it);
+  }
+  // One set from (id, log-weight) lists per head, padded with -inf; values when `with_values`.
+  KVSet build(const std::vector<std::vector<std::pair<int64_t, double>>>& lists, bool with_values) const {
+    const int64_t h = static_cast<int64_t>(lists.size());
+    int64_t m = 1;
+    for (const auto& l : lists) m = std::max<int64_t>(m, l.size());
+    auto k = at::zeros({h, m, d_}, at::kDouble), v = at::zeros({h, m, dv_}, at::kDouble);
+    auto b = at::full({h, m}, -std::numeric_limits<double>::infinity(), at::kDouble);
+    for (int64_t i = 0; i < h; ++i)
+      for (size_t a = 0; a < lists[i].size(); ++a) {
+        const auto& row = store_[i].at(lists[i][a].first);
+        std::copy(row.begin(), row.begin() + d_, k[i][a].data_ptr<double>());
+        std::copy(row.begin() + d_, row.end(), v[i][a].data_ptr<double>());
+        b[i][a] = lists[i][a].second;
+      }
+    KVSet out;
+    out.keys = k.to(opts_);
+    if (with_values) out.values = v.to(opts_);
+    out.bias = b.to(opts_);
+    out.pos = at::full({h, m}, -1, opts_.dtype(at::kLong));
+    return out;
+  }
+  void rebuild() {
+    std::vector<std::vector<std::pair<int64_t, double>>> num, den;
+    for (const auto& st : states_) num.push_back(st.numerator()), den.push_back(st.denominator());
+    num_ = build(num, true);
+    den_ = build(den, false);
+  }
+
+  std::vector<subgen::SubGenState> states_;
+  std::vector<std::unordered_map<int64_t, std::vector<double>>> store_;  // per head: id -> [k | v]
+  int64_t n_seen_, d_, dv_;
+  at::TensorOptions opts_;
+  KVSet num_, den_;
+};
+
 class SubGen final : public Compressor {
  public:
   explicit SubGen(Params p) {
@@ -171,6 +260,25 @@ class SubGen final : public Compressor {
     p.finish();
   }
   std::string name() const override { return "subgen"; }
+
+  // The state of KV head h for a budget of `budget` entries: t, delta (from the region's keys
+  // [n, d] unless given) and s (the rest of the budget unless given), as Alg. 1 is run in replay.
+  subgen::SubGenState make_state(const double* kh, int64_t n, int64_t d, int64_t budget, uint64_t seed,
+                                 int64_t h) const {
+    const int64_t den_budget =
+        std::max<int64_t>(1, std::min<int64_t>(budget - 1, static_cast<int64_t>(den_fraction_ * budget)));
+    const int64_t t = std::min(t_, den_budget);
+    const double delta = delta_ > 0 ? delta_ : auto_delta(kh, n, d, den_budget / t);
+    int64_t s = s_;
+    if (s == 0) {
+      const int64_t m = count_clusters(kh, n, d, delta, std::numeric_limits<int64_t>::max());
+      KVLAB_CHECK(m * t < budget, "subgen: parameter 'delta'={} gives {} clusters on KV head {}; "
+                  "m·t = {} leaves no room for value samples in a budget of {} (raise delta or "
+                  "lower t)", delta, m, h, m * t, budget);
+      s = budget - m * t;
+    }
+    return subgen::SubGenState(d, delta, s, t, seed, static_cast<uint64_t>(h));
+  }
   nlohmann::json params() const override { return params_; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
@@ -180,25 +288,12 @@ class SubGen final : public Compressor {
     if (budget >= n || n == 0) return keep_all(kv);
     auto kc = kv.keys.to(at::kCPU).to(at::kDouble).contiguous();     // [H, n, d]
     auto vc = kv.values.to(at::kCPU).to(at::kDouble).contiguous();   // [H, n, dv]
-    const int64_t den_budget =
-        std::max<int64_t>(1, std::min<int64_t>(budget - 1, static_cast<int64_t>(den_fraction_ * budget)));
-    const int64_t t = std::min(t_, den_budget);
-
     std::vector<std::vector<std::pair<int64_t, double>>> num(h_kv), den(h_kv);
     int64_t max_num = 1, max_den = 1;
     for (int64_t h = 0; h < h_kv; ++h) {
       const double* kh = kc.data_ptr<double>() + h * n * d;
       const double* vh = vc.data_ptr<double>() + h * n * dv;
-      const double delta = delta_ > 0 ? delta_ : auto_delta(kh, n, d, den_budget / t);
-      int64_t s = s_;
-      if (s == 0) {
-        const int64_t m = count_clusters(kh, n, d, delta, std::numeric_limits<int64_t>::max());
-        KVLAB_CHECK(m * t < budget, "subgen: parameter 'delta'={} gives {} clusters on KV head {}; "
-                    "m·t = {} leaves no room for value samples in a budget of {} (raise delta or "
-                    "lower t)", delta, m, h, m * t, budget);
-        s = budget - m * t;
-      }
-      subgen::SubGenState st(d, delta, s, t, opt.seed, static_cast<uint64_t>(h));
+      subgen::SubGenState st = make_state(kh, n, d, budget, opt.seed, h);
       for (int64_t i = 0; i < n; ++i) st.append(kh + i * d, vh + i * dv, dv);
       num[h] = st.numerator();
       den[h] = st.denominator();
@@ -224,6 +319,26 @@ class SubGen final : public Compressor {
     out.den_keys = dset.keys.masked_fill(didx.to(dev).lt(0).unsqueeze(-1), 0.0);
     out.den_bias = db.to(kv.keys.options());
     return out;
+  }
+
+  // Generation: the region streamed into the state as compress() does, then every decoded token
+  // (s, t and delta fixed from the prefill; the clusters keep opening as the keys require). A ratio
+  // that keeps the whole region (ratio 1) keeps the cache exact.
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), d = kv.keys.size(2), dv = kv.values.size(2);
+    const bool entries = opt.budget.kind == Budget::Kind::entries;
+    const int64_t budget = entries ? opt.budget.entries : opt.budget.entries_for(n);
+    if (!entries && budget >= n) return start_window_stream(kv, opt.budget, 0);
+    KVLAB_CHECK(n > 0 || (delta_ > 0 && s_ > 0), "subgen: a cache streamed from the first token needs parameters "
+                "'delta' and 's' (they are chosen from the prompt otherwise)");
+    auto kc = kv.keys.to(at::kCPU).to(at::kDouble).contiguous();     // [H, n, d]
+    auto vc = kv.values.to(at::kCPU).to(at::kDouble).contiguous();   // [H, n, dv]
+    std::vector<subgen::SubGenState> states;
+    for (int64_t h = 0; h < h_kv; ++h) {
+      const double* kh = kc.data_ptr<double>() + h * n * d;
+      states.push_back(make_state(kh, n, d, budget, opt.seed, h));
+    }
+    return std::make_unique<SubGenStream>(std::move(states), kv, kc, vc);
   }
 
  private:
