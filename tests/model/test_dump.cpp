@@ -13,6 +13,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cstring>
+#include <limits>
 #include <map>
 
 namespace fs = std::filesystem;
@@ -130,4 +132,51 @@ TEST_CASE("kvlab dump flag errors name the flag") {
     CHECK(test::run_command(cmd, &log) != 0);
     CHECK_MESSAGE(log.find(c.expect) != std::string::npos, log);
   }
+}
+
+TEST_CASE("kvlab dump: prompts past the model's context fail unless --truncate; lengths reported as written") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_ctx");
+  const std::string prompt = dir + "/long.txt";
+  {
+    std::ofstream f(prompt);
+    for (int i = 0; i < 60; ++i) f << "Once upon a time, there was a little girl named Lily. ";
+  }
+  auto dump = [&](const std::string& args, const std::string& out, std::string* log) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt-file '{}' --layers 0 {} --out '{}'",
+                                         test::kvlab_bin(), stories_dir(), prompt, args, out), log);
+  };
+  auto n_tokens = [](const std::string& path) { return CaptureReader(path).sample(0).n_tokens; };
+  std::string log;
+  // stories260K's context is 512 tokens (max_position_embeddings); the prompt is longer.
+  for (const std::string args : {"", "--max-tokens 1000"}) {
+    CAPTURE(args);
+    CHECK(dump(args, dir + "/x.h5", &log) != 0);
+    CHECK_MESSAGE(log.find("the prompt has ") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("more than the model's context of 512 tokens") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("pass --truncate") != std::string::npos, log);
+    CHECK_FALSE(fs::exists(dir + "/x.h5"));
+  }
+  REQUIRE_MESSAGE(dump("--truncate", dir + "/t.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/t.h5") == 512);
+  REQUIRE_MESSAGE(dump("--max-tokens 1000 --truncate", dir + "/t2.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/t2.h5") == 512);
+  // An odd --max-tokens keeps N-1 tokens (LongBench's first and last N/2), and says so.
+  REQUIRE_MESSAGE(dump("--max-tokens 301", dir + "/odd.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/odd.h5") == 300);
+  CHECK_MESSAGE(log.find("1 truncated in the middle, the longest to 300 tokens") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("--max-tokens 301 is odd") != std::string::npos, log);
+  CHECK(log.find("truncated to 301") == std::string::npos);
+  // More query positions asked than the prompt has: stored all, with a warning.
+  REQUIRE(test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time' --layers 0 "
+                                        "--queries last:100000 --out '{}/q.h5'",
+                                        test::kvlab_bin(), stories_dir(), dir),
+                            &log) == 0);
+  const int64_t n = n_tokens(dir + "/q.h5");
+  CHECK(CaptureReader(dir + "/q.h5").sample(0).n_q == n);
+  CHECK_MESSAGE(log.find(fmt::format("warning: sample 0 ('prompt'): --queries last:100000 asks for more positions "
+                                     "than its {} tokens; all {} are stored", n, n)) != std::string::npos, log);
 }
