@@ -126,14 +126,23 @@ std::string read_text(const std::string& path, const std::string& flag) {
   return ss.str();
 }
 
-// Writes each wanted layer as it arrives.
+// Writes each wanted layer as it arrives; a layer holding NaN or Inf is refused (the writer's
+// partial file is removed when the error unwinds it), so a capture never holds non-finite values.
 struct CaptureTap : QkvTap {
   CaptureWriter* writer = nullptr;
   std::vector<bool> wanted;  // by layer
   Progress* progress = nullptr;
+  int64_t sample = 0;        // the sample being written, for messages
+  std::string sample_id;
+  std::string out;
   bool wants(int layer) const override { return wanted.at(layer); }
   void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
-    writer->write_layer(layer, q, k, v);  // q [Hq, T, d] (writer keeps the last n_q), k/v [Hkv, T, d]
+    // q [Hq, T, d] (every position: q_start 0), k/v [Hkv, T, d]
+    const NonFinite nf = find_nonfinite(LayerQKV{q, k, v}, 0);
+    KVLAB_CHECK(nf.count == 0, "sample {} ('{}'), layer {}: the forward pass produced {} non-finite value{} in "
+                "q/k/v; the first is {}; nothing written to --out {} (check the model's weights and --compute-dtype)",
+                sample, sample_id, layer, nf.count, nf.count == 1 ? "" : "s", describe_nonfinite(nf), out);
+    writer->write_layer(layer, q, k, v);  // the writer keeps q's last n_q positions
     if (progress) progress->advance(1);
   }
 };
@@ -225,6 +234,7 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   tap.wanted.assign(c.n_layers, false);
   for (int l : layers) tap.wanted[l] = true;
   tap.progress = &progress;
+  tap.out = o.out;
   ExactAttention attn(c.n_layers);
   ForwardOptions fo;
   fo.tap = &tap;
@@ -259,6 +269,8 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
                  "all {} are stored\n", i, r.id, o.queries, T, T);
     const int64_t n_q = last_q < 0 ? T : std::min(last_q, T);
     const std::string sid = r.id.empty() ? fmt::format("{}", i) : r.id;
+    tap.sample = static_cast<int64_t>(i);
+    tap.sample_id = sid;
     writer.begin_sample(sid, tokens, n_q);
     attn.reset();
     forward(model, tokens, 0, attn, fo);

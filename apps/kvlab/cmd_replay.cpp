@@ -35,6 +35,7 @@ struct ReplayOptions {
   int64_t obs_queries = 256;
   bool rerotate = false;
   bool overwrite = false;
+  bool skip_nonfinite = false;
   std::string layers = "all";
   std::string heads = "all";
   std::string samples = "all";
@@ -79,6 +80,8 @@ struct ReplayOptions {
     f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
     f.add("quiet", quiet, "no progress output");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    f.add("skip_nonfinite", skip_nonfinite, "skip (sample, layer) units whose q/k/v hold NaN/Inf and list them in "
+                                            "result.json (default: such a unit is an error)");
     f.add("rows_out", rows_out, "per-head rows: inline in result.json, or jsonl = rows.jsonl beside a result.json "
                                 "holding context + aggregate + \"rows_file\" (for big runs)")
         .one_of({"inline", "jsonl"});
@@ -148,7 +151,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
              mine.size(), o.shard, methods.size(), settings.size(), seeds.size(), run.path());
 
   nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json skipped = nlohmann::json::array();  // units with NaN/Inf (--skip-nonfinite)
   auto write = [&](nlohmann::json extra) {
+    if (o.skip_nonfinite) extra["skipped_nonfinite"] = {{"count", skipped.size()}, {"units", skipped}};
     if (o.rows_out == "inline") return run.write_result(context, rows, extra);
     std::string text;
     for (const auto& r : rows) text += r.dump() + "\n";
@@ -158,8 +163,28 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     run.write_result(context, nlohmann::json::array(), extra);
   };
   Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
+  const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());
   for (const auto& [s, l] : mine) {
-    auto unit = load_unit(cap, s, l, proto);
+    // Every unit is checked as it is loaded: a NaN or Inf never reaches a method or an aggregate.
+    const LayerQKV qkv = cap.read_layer(s, l);
+    const NonFinite nf = find_nonfinite(qkv, cap.sample(s).q_start);
+    if (nf.count > 0) {
+      if (!o.skip_nonfinite) {
+        try {
+          check_finite(cap, s, l, qkv);
+        } catch (const Error& e) {
+          KVLAB_FAIL("{}; --skip-nonfinite skips such units and lists them in result.json", e.what());
+        }
+      }
+      skipped.push_back({{"sample", s}, {"sample_id", cap.sample(s).sample_id}, {"layer", l}, {"count", nf.count},
+                         {"first", describe_nonfinite(nf)}});
+      fmt::print(stderr, "\n[replay] warning: skipped sample {} layer {}: {} non-finite value{} in q/k/v; the first is "
+                 "{}\n", s, l, nf.count, nf.count == 1 ? "" : "s", describe_nonfinite(nf));
+      progress.advance(per_unit, fmt::format("sample {} layer {} skipped", s, l));
+      write({{"complete", false}});
+      continue;
+    }
+    auto unit = load_unit(cap, s, l, proto, qkv);
     for (const auto& m : methods)
       for (const auto& b : settings)
         for (uint64_t seed : seeds) {
@@ -173,6 +198,11 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     write({{"complete", false}});
   }
   progress.finish();
+  KVLAB_CHECK(!rows.empty(), "--skip-nonfinite: every one of the {} units holds NaN/Inf (listed in {}); nothing to "
+              "measure", mine.size(), run.file("result.json"));
+  if (!skipped.empty())
+    fmt::print(stderr, "[replay] {} of {} units skipped for non-finite q/k/v (listed under skipped_nonfinite in "
+               "result.json)\n", skipped.size(), mine.size());
   auto agg = replay_aggregates(rows);
   write({{"complete", true}, {"aggregate", agg}});
   write_replay_tables(run, agg);

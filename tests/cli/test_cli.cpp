@@ -299,3 +299,43 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(methods.size() == n_listed);
   CHECK(n_listed >= 17);
 }
+
+TEST_CASE("cli: replay refuses a unit with NaN/Inf naming capture, sample, layer and head; --skip-nonfinite skips it") {
+  auto dir = test::temp_dir("cli_replay_nan");
+  auto cap = small_capture(dir);
+  {
+    H5::H5File f(cap, H5F_ACC_RDWR);
+    auto ds = f.openDataSet("/sample_0001/layer_01/v");
+    std::vector<float> v(2 * 200 * 16);
+    ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    v[(1 * 200 + 17) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // KV head 1, position 17
+    ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+  }
+  const std::string common = "replay" + kWindows + " --quiet --capture " + cap + " --method exact,uniform --ratio 0.5";
+  // Units before it were measured (the header line, then the error as the last line).
+  auto fail = run_kvlab(common + " --out " + dir + "/fail");
+  INFO(fail.out);
+  CHECK(fail.code != 0);
+  const std::string last = fail.out.substr(fail.out.rfind('\n', fail.out.size() - 2) + 1);
+  CHECK(last == "error: capture '" + cap + "': sample 1 ('synthetic_1'), layer 1: 1 non-finite value in q/k/v; the "
+                "first is v = nan at KV head 1, position 17 (dim 3); --skip-nonfinite skips such units and lists them "
+                "in result.json\n");
+  CHECK(read_json_file(dir + "/fail/result.json")["complete"] == false);
+
+  auto r = run_kvlab(common + " --skip-nonfinite --out " + dir + "/skip");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("skipped sample 1 layer 1") != std::string::npos);
+  auto j = read_json_file(dir + "/skip/result.json");
+  CHECK(j["complete"] == true);
+  REQUIRE(j["skipped_nonfinite"]["count"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["sample"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["layer"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["first"] == "v = nan at KV head 1, position 17 (dim 3)");
+  // 3 finite units x 2 heads x 2 methods, none from the skipped unit; every number finite.
+  CHECK(j["rows"].size() == 12);
+  for (const auto& row : j["rows"]) {
+    CHECK_FALSE((row["sample"] == 1 && row["layer"] == 1));
+    CHECK(std::isfinite(row["rel_err"].get<double>()));
+  }
+  for (const auto& a : j["aggregate"]["overall"]) CHECK(std::isfinite(a["rel_err"].get<double>()));
+}

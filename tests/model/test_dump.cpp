@@ -180,3 +180,39 @@ TEST_CASE("kvlab dump: prompts past the model's context fail unless --truncate; 
   CHECK_MESSAGE(log.find(fmt::format("warning: sample 0 ('prompt'): --queries last:100000 asks for more positions "
                                      "than its {} tokens; all {} are stored", n, n)) != std::string::npos, log);
 }
+
+TEST_CASE("kvlab dump refuses to write NaN/Inf, naming sample, layer, tensor and position") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  // stories260K with one NaN weight: v_proj of layer 1, row 0 (KV head 0, dim 0), column 0.
+  const std::string dir = test::temp_dir("dump_nan");
+  const std::string model = dir + "/model";
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "tok512.bin"}) fs::copy_file(stories_dir() + "/" + f, model + "/" + f);
+  std::string bytes = test::read_file(stories_dir() + "/model.safetensors");
+  REQUIRE(bytes.size() > 8);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
+  const auto& t = header.at("model.layers.1.self_attn.v_proj.weight");
+  REQUIRE(t.at("dtype") == "F32");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&bytes[8 + header_len + t.at("data_offsets")[0].get<size_t>()], &nan, sizeof(float));
+  std::ofstream(model + "/model.safetensors", std::ios::binary) << bytes;
+
+  const std::string out = dir + "/nan.h5";
+  std::string log;
+  const std::string cmd = fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time' --out '{}'",
+                                      test::kvlab_bin(), model, out);
+  CHECK(test::run_command(cmd, &log) != 0);
+  CHECK_MESSAGE(log.find("error: sample 0 ('prompt'), layer 1: the forward pass produced ") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("the first is v = nan at KV head 0, position 0 (dim 0); nothing written to --out " + out) !=
+                    std::string::npos, log);
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out + ".partial"));
+  // Layer 0 comes before the NaN: capturing only it succeeds.
+  REQUIRE_MESSAGE(test::run_command(cmd + " --layers 0", &log) == 0, log);
+  CHECK(scan_nonfinite(CaptureReader(out)).count == 0);
+}
