@@ -339,3 +339,104 @@ TEST_CASE("cli: replay refuses a unit with NaN/Inf naming capture, sample, layer
   }
   for (const auto& a : j["aggregate"]["overall"]) CHECK(std::isfinite(a["rel_err"].get<double>()));
 }
+
+namespace {
+
+// Writes a run file with one synth step into `out` (tiny sizes) and returns the run file's path.
+std::string synth_run_file(const std::string& dir, const std::string& out) {
+  nlohmann::json config = {{"out", out}, {"kind", "random"}, {"tokens", 64}, {"queries", 16}, {"layers", 1},
+                           {"q_heads", 2}, {"kv_heads", 1},  {"head_dim", 8}, {"seed", 0}};
+  nlohmann::json spec = {{"name", "digest"}, {"steps", {{{"command", "synth"}, {"config", config}}}}};
+  const std::string path = dir + "/run.json";
+  std::ofstream(path) << spec.dump(2);
+  return path;
+}
+
+std::string sha256sum(const std::string& path) {
+  std::string out;
+  REQUIRE(test::run_command("sha256sum '" + path + "'", &out) == 0);
+  return out.substr(0, 64);
+}
+
+// Processes whose command line mentions `needle`.
+int processes_mentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = test::read_file(e.path().string() + "/cmdline");
+    for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+    n += cmdline.find(needle) != std::string::npos && cmdline.find("sh -c") == std::string::npos;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cli: run skips a capture step only when the capture has the digest in its sidecar") {
+  auto dir = test::temp_dir("cli_run_digest");
+  const std::string cap = dir + "/c.h5", side = cap + ".config.json";
+  const std::string run_file = synth_run_file(dir, cap);
+  auto r = run_kvlab("run " + run_file);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(read_json_file(side)["capture_sha256"] == sha256sum(cap));
+  fs::copy_file(cap, dir + "/original.h5");
+  r = run_kvlab("run " + run_file);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("exists with the same config") != std::string::npos, r.out);
+
+  SUBCASE("a truncated capture is made again") {
+    fs::resize_file(cap, fs::file_size(cap) * 2 / 3);
+    r = run_kvlab("run " + run_file);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    CHECK_MESSAGE(r.out.find(cap + " is not a complete capture") != std::string::npos, r.out);
+    CHECK(r.out.find("running it again") != std::string::npos);
+    CHECK(r.out.find("skipped") == std::string::npos);
+  }
+  SUBCASE("a capture replaced by another is made again") {
+    auto s = run_kvlab("synth --out " + cap + " --overwrite --kind random --tokens 64 --queries 16 --layers 1 "
+                       "--q-heads 2 --kv-heads 1 --head-dim 8 --seed 1");
+    REQUIRE_MESSAGE(s.code == 0, s.out);
+    r = run_kvlab("run " + run_file);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    CHECK_MESSAGE(r.out.find(cap + " is not the capture this config made") != std::string::npos, r.out);
+    CHECK(r.out.find("skipped") == std::string::npos);
+  }
+  // Either way the capture is the config's again (seed 0), and the sidecar holds its digest.
+  CHECK(read_json_file(side)["capture_sha256"] == sha256sum(cap));
+  CaptureReader now(cap), orig(dir + "/original.h5");
+  CHECK(at::equal(now.read_layer(0, 0).k, orig.read_layer(0, 0).k));
+}
+
+TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/kvlab-run-* folder is left") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("stories260K not found under " << model << ": skipped");
+    return;
+  }
+  auto dir = test::temp_dir("cli_run_signal");
+  fs::create_directories(dir + "/tmp");
+  {
+    // A dump long enough to be interrupted: 400 prompts.
+    std::ofstream data(dir + "/prompts.jsonl");
+    for (int i = 0; i < 400; ++i)
+      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. She loved to play "
+                                        "outside in the park with her friends. " + std::to_string(i)}}.dump() << "\n";
+  }
+  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
+  std::ofstream(dir + "/run.json") << nlohmann::json{{"name", "sig"}, {"steps", {{{"command", "dump"}, {"config", config}}}}}.dump();
+  const std::string script =
+      "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
+      "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
+      "sleep 0.3; kill -TERM $pid; wait $pid; echo \"rc=$?\"";
+  std::string out;
+  test::run_command(script, &out);
+  const std::string log = test::read_file(dir + "/log");
+  INFO("script: " << out << "\nlog: " << log);
+  CHECK(out.find("rc=0") == std::string::npos);
+  CHECK(log.find("error: interrupted by SIGTERM during steps[0] (dump)") != std::string::npos);
+  CHECK(processes_mentioning(dir + "/tmp/kvlab-run-") == 0);  // the dump child has exited
+  CHECK(fs::is_empty(dir + "/tmp"));                           // its config folder is gone
+  CHECK_FALSE(fs::exists(dir + "/c.h5"));
+  CHECK_FALSE(fs::exists(dir + "/c.h5.config.json"));
+}

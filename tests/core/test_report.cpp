@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
@@ -36,4 +37,18 @@ TEST_CASE("run directories hold config.json and an atomically written result.jso
   auto table = render_table(j["rows"], {"method", "rel_err"});
   CHECK(table.find("method") != std::string::npos);
   CHECK(render_csv(j["rows"], {"method", "rel_err"}) == "method,rel_err\nexact,0\n");
+}
+
+TEST_CASE("sha256 of a file equals sha256 of its bytes, across the 1 MiB read blocks") {
+  auto dir = test::temp_dir("sha_file");
+  for (size_t n : {size_t(0), size_t(3), size_t(64), size_t(1) << 20, (size_t(1) << 20) + 65}) {
+    std::string bytes(n, '\0');
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>((i * 131 + 7) % 251);
+    const std::string path = dir + "/f" + std::to_string(n);
+    std::ofstream(path, std::ios::binary) << bytes;
+    CAPTURE(n);
+    CHECK(sha256_file_hex(path) == sha256_hex(bytes));
+  }
+  CHECK_THROWS_WITH_AS(sha256_file_hex(dir + "/missing"), doctest::Contains(("cannot read '" + dir + "/missing'").c_str()),
+                       Error);
 }
