@@ -227,6 +227,11 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   meta.queries = o.queries;
   meta.source_dataset = source_name;
 
+  // A dump killed before it finished leaves "<out>.partial": a half-written HDF5 file that cannot
+  // be continued safely, so it is removed and the capture made again from the start.
+  if (remove_stale_partial(o.out))
+    fmt::print(stderr, "[dump] removed {}.partial, left by an interrupted dump; dumping again from the start\n",
+               o.out);
   CaptureWriter writer(o.out, meta);
   Progress progress("dump", static_cast<int64_t>(records.size() * layers.size()));
   CaptureTap tap;

@@ -440,3 +440,63 @@ TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/
   CHECK_FALSE(fs::exists(dir + "/c.h5"));
   CHECK_FALSE(fs::exists(dir + "/c.h5.config.json"));
 }
+
+TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its checkpoint; rows as uninterrupted") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("stories260K not found under " << model << ": skipped");
+    return;
+  }
+  auto dir = test::temp_dir("cli_resume");
+  auto d = run_kvlab("dump --model " + model + " --prompt 'Once upon a time, there was a little girl named Lily. She "
+                     "loved to play outside in the park with her friends. One day, she saw a big red ball.' "
+                     "--queries last:32 --out " + dir + "/a.h5");
+  REQUIRE_MESSAGE(d.code == 0, d.out);
+  fs::copy_file(dir + "/a.h5", dir + "/b.h5");
+  const std::string common = "replay" + kWindows + " --quiet --method exact,uniform,h2o --ratio 0.5 --seeds 2";
+  auto full = run_kvlab(common + " --capture " + dir + "/a.h5 --out " + dir + "/full");
+  REQUIRE_MESSAGE(full.code == 0, full.out);
+
+  // Interrupt the run on b.h5 at its third unit (layer 2): a NaN there stops it after the
+  // checkpoint of layers 0 and 1.
+  auto poke = [&](float value) {
+    H5::H5File f(dir + "/b.h5", H5F_ACC_RDWR);
+    auto ds = f.openDataSet("/sample_0000/layer_02/v");
+    hsize_t dims[3];
+    ds.getSpace().getSimpleExtentDims(dims);
+    std::vector<float> v(dims[0] * dims[1] * dims[2]);
+    ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    const float old = v[5];
+    v[5] = value;
+    ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+    return old;
+  };
+  const float kept = poke(std::numeric_limits<float>::quiet_NaN());
+  const std::string resumed_cmd = common + " --capture " + dir + "/b.h5 --out " + dir + "/resumed";
+  auto first = run_kvlab(resumed_cmd);
+  REQUIRE(first.code != 0);
+  auto partial = read_json_file(dir + "/resumed/result.json");
+  CHECK(partial["complete"] == false);
+  std::set<int> layers_done;
+  for (const auto& row : partial["rows"]) layers_done.insert(row["layer"].get<int>());
+  CHECK(layers_done == std::set<int>{0, 1});
+
+  poke(kept);
+  auto second = run_kvlab(resumed_cmd);
+  REQUIRE_MESSAGE(second.code == 0, second.out);
+  CHECK_MESSAGE(second.out.find("resuming " + dir + "/resumed: 2 of 5 units already measured") != std::string::npos,
+                second.out);
+  auto a = read_json_file(dir + "/full/result.json"), b = read_json_file(dir + "/resumed/result.json");
+  CHECK(b["complete"] == true);
+  // scripts/compare_rows.py: rows equal as JSON except the timing field.
+  REQUIRE(a["rows"].size() == b["rows"].size());
+  CHECK(a["rows"].size() == 5 * 4 * 2 * 3);  // 5 layers x 4 KV heads x 2 seeds x 3 methods
+  for (size_t i = 0; i < a["rows"].size(); ++i) {
+    auto ra = a["rows"][i], rb = b["rows"][i];
+    ra.erase("compress_ms");
+    rb.erase("compress_ms");
+    CHECK_MESSAGE(ra == rb, "row " << i << ": " << ra.dump() << " vs " << rb.dump());
+  }
+  for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i)
+    CHECK(a["aggregate"]["overall"][i]["rel_err"] == b["aggregate"]["overall"][i]["rel_err"]);
+}

@@ -52,3 +52,12 @@ TEST_CASE("sha256 of a file equals sha256 of its bytes, across the 1 MiB read bl
   CHECK_THROWS_WITH_AS(sha256_file_hex(dir + "/missing"), doctest::Contains(("cannot read '" + dir + "/missing'").c_str()),
                        Error);
 }
+
+TEST_CASE("remove_stale_partial removes what an interrupted writer left, and says so") {
+  namespace fs = std::filesystem;
+  auto dir = test::temp_dir("stale_partial");
+  CHECK_FALSE(remove_stale_partial(dir + "/c.h5"));
+  std::ofstream(dir + "/c.h5.partial") << "half a capture";
+  CHECK(remove_stale_partial(dir + "/c.h5"));
+  CHECK_FALSE(fs::exists(dir + "/c.h5.partial"));
+}

@@ -216,3 +216,37 @@ TEST_CASE("kvlab dump refuses to write NaN/Inf, naming sample, layer, tensor and
   REQUIRE_MESSAGE(test::run_command(cmd + " --layers 0", &log) == 0, log);
   CHECK(scan_nonfinite(CaptureReader(out)).count == 0);
 }
+
+TEST_CASE("kvlab dump after an interrupted dump: the stale .partial is removed with a message, output as uninterrupted") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_resume");
+  auto dump = [&](const std::string& out, std::string* log) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time, there was a "
+                                         "little girl named Lily.' --queries last:8 --out '{}'",
+                                         test::kvlab_bin(), stories_dir(), out),
+                             log);
+  };
+  std::string log;
+  REQUIRE_MESSAGE(dump(dir + "/a.h5", &log) == 0, log);
+  CHECK(log.find("removed") == std::string::npos);
+  // What a dump killed mid-write leaves: the first part of the capture under the temp name.
+  const std::string a_bytes = test::read_file(dir + "/a.h5");
+  std::ofstream(dir + "/b.h5.partial", std::ios::binary) << a_bytes.substr(0, a_bytes.size() / 2);
+  REQUIRE_MESSAGE(dump(dir + "/b.h5", &log) == 0, log);
+  CHECK_MESSAGE(log.find("removed " + dir + "/b.h5.partial, left by an interrupted dump; dumping again from the "
+                         "start") != std::string::npos, log);
+  CHECK_FALSE(fs::exists(dir + "/b.h5.partial"));
+  CaptureReader a(dir + "/a.h5"), b(dir + "/b.h5");
+  REQUIRE(b.n_samples() == 1);
+  CHECK(at::equal(a.tokens(0), b.tokens(0)));
+  for (int layer : a.meta().layers) {
+    auto x = a.read_layer(0, layer), y = b.read_layer(0, layer);
+    CAPTURE(layer);
+    CHECK(at::equal(x.q, y.q));
+    CHECK(at::equal(x.k, y.k));
+    CHECK(at::equal(x.v, y.v));
+  }
+}

@@ -27,6 +27,16 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   KVLAB_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
 }
 
+bool remove_stale_partial(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string partial = path + ".partial";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(partial, ec))) return false;
+  fs::remove(partial, ec);
+  KVLAB_CHECK(!ec, "cannot remove '{}', left by an interrupted run: {}", partial, ec.message());
+  return true;
+}
+
 void check_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs,
                        bool overwrite) {
   namespace fs = std::filesystem;

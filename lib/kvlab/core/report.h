@@ -13,6 +13,10 @@ namespace kvlab {
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 void write_text_atomic(const std::string& path, const std::string& text);
 
+// A command killed before it finished leaves "<path>.partial" behind (its writer never got to
+// remove it). Removes that file; returns whether there was one, for the command to say so.
+bool remove_stale_partial(const std::string& path);
+
 // Before a command writes the file `path` (given by `flag`): refuses, with one line naming the
 // flag, a path that is one of `inputs` (a file, or any file inside an input directory: e.g. the
 // model being read) whatever `overwrite` says; a path that exists and is not a regular file; and
