@@ -53,6 +53,32 @@ TEST_CASE("sha256 of a file equals sha256 of its bytes, across the 1 MiB read bl
                        Error);
 }
 
+TEST_CASE("an atomic write that hits a full disk is one error naming the file; the previous file is intact") {
+  namespace fs = std::filesystem;
+  auto dir = test::temp_dir("full_disk");
+  const std::string path = dir + "/result.json";
+  write_json_atomic(path, {{"rows", {1, 2, 3}}});
+  const std::string before = test::read_file(path);
+  CHECK_FALSE(fs::exists(path + ".partial"));
+  // Injected failure: the temp name leads to /dev/full, where every write fails with ENOSPC.
+  REQUIRE(fs::exists("/dev/full"));
+  fs::create_symlink("/dev/full", path + ".partial");
+  CHECK_THROWS_WITH_AS(write_json_atomic(path, {{"rows", {4, 5, 6}}}),
+                       doctest::Contains(("cannot write '" + path + "': No space left on device (disk full); the "
+                                          "previous file is unchanged").c_str()),
+                       Error);
+  CHECK(test::read_file(path) == before);
+  CHECK_FALSE(fs::exists(fs::symlink_status(path + ".partial")));
+  // A new file on a full disk: nothing is left behind either.
+  fs::create_symlink("/dev/full", dir + "/new.json.partial");
+  CHECK_THROWS_WITH_AS(write_text_atomic(dir + "/new.json", std::string(100, 'x')),
+                       doctest::Contains("No space left on device (disk full); nothing was written"), Error);
+  CHECK_FALSE(fs::exists(dir + "/new.json"));
+  // The next write succeeds.
+  write_json_atomic(path, {{"rows", {4, 5, 6}}});
+  CHECK(read_json_file(path)["rows"] == nlohmann::json({4, 5, 6}));
+}
+
 TEST_CASE("remove_stale_partial removes what an interrupted writer left, and says so") {
   namespace fs = std::filesystem;
   auto dir = test::temp_dir("stale_partial");

@@ -11,9 +11,9 @@
 #include <c10/core/InferenceMode.h>
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <limits>
 #include <map>
 
@@ -249,4 +249,44 @@ TEST_CASE("kvlab dump after an interrupted dump: the stale .partial is removed w
     CHECK(at::equal(x.k, y.k));
     CHECK(at::equal(x.v, y.v));
   }
+}
+
+TEST_CASE("kvlab dump on a full disk: one error line, no partial file, the previous capture intact (root: tmpfs)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_full") + "/disk";
+  fs::create_directories(dir);
+  std::string log;
+  if (test::run_command("mount -t tmpfs -o size=200k tmpfs '" + dir + "'", &log) != 0) {
+    MESSAGE("skipped: mounting a 200 KiB tmpfs needs root (" << log << ")");
+    return;
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() {
+      std::string ignored;
+      test::run_command("umount '" + dir + "'", &ignored);
+    }
+  } unmount{dir};
+  auto dump = [&](const std::string& prompt_args, std::string* out) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' {} --overwrite --out '{}/c.h5'",
+                                         test::kvlab_bin(), stories_dir(), prompt_args, dir),
+                             out);
+  };
+  REQUIRE_MESSAGE(dump("--prompt 'Once upon a time' --layers 0", &log) == 0, log);
+  const std::string before = test::read_file(dir + "/c.h5");
+  {
+    std::ofstream f(dir + "/../long.txt");
+    for (int i = 0; i < 60; ++i) f << "Once upon a time, there was a little girl named Lily. ";
+  }
+  CHECK(dump("--prompt-file '" + dir + "/../long.txt' --truncate", &log) != 0);  // ~1.3 MB of q/k/v
+  INFO(log);
+  const std::string last = log.substr(log.rfind('\n', log.size() - 2) + 1);
+  CHECK(last.rfind("error: capture '" + dir + "/c.h5': writing ", 0) == 0);
+  CHECK(last.find("No space left on device") != std::string::npos);
+  CHECK(log.find("H5Dclose failed\n") == std::string::npos);  // no HDF5 destructor noise, no crash
+  CHECK(test::read_file(dir + "/c.h5") == before);
+  CHECK_FALSE(fs::exists(dir + "/c.h5.partial"));
 }

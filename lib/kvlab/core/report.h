@@ -1,5 +1,5 @@
 // result.json: a google/benchmark-style `context` block plus self-describing `rows`, shared by
-// every subcommand. Written atomically (temp file + rename).
+// every subcommand. Written atomically (temp file, fsync, rename, fsync of the directory).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,7 +9,10 @@
 
 namespace kvlab {
 
-// Writes `j` to `path` via "<path>.partial" + rename, so a reader never sees half a file.
+// Writes `j` to `path` via "<path>.partial": written, fsync'd, renamed over `path`, and the
+// directory fsync'd, so a reader (or a machine that lost power) sees the old file or the new one,
+// never half of one. A failed write (a full disk: "No space left on device") is one kvlab::Error
+// naming the file and the system's reason; the partial file is removed and `path` left as it was.
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 void write_text_atomic(const std::string& path, const std::string& text);
 
