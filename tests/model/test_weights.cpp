@@ -479,9 +479,10 @@ TEST_CASE("gguf: hostile headers") {
 }
 
 TEST_CASE("gguf: a huge block_count or a zero context_length names the file and the key") {
-  // A llama GGUF holding only token_embd.weight (F32 [vocab 8, n_embd 4]); the config fails first.
+  // A llama GGUF holding token_embd.weight (F32 [vocab 8, n_embd 4]) and output_norm.weight (F32
+  // [4]): all the loader reads before it sizes the layers; the config fails first.
   auto file = [](uint32_t block_count, uint32_t context) {
-    GgufBuilder g(1, 6);
+    GgufBuilder g(2, 6);
     g.str("general.architecture").u32(8).str("llama");
     g.str("llama.embedding_length").u32(4).u32(4);
     g.str("llama.block_count").u32(4).u32(block_count);
@@ -489,7 +490,8 @@ TEST_CASE("gguf: a huge block_count or a zero context_length names the file and 
     g.str("llama.feed_forward_length").u32(4).u32(8);
     g.str("llama.context_length").u32(4).u32(context);
     g.tensor("token_embd.weight", {4, 8}, 0, 0);
-    return g.with_data(4 * 8 * 4);
+    g.tensor("output_norm.weight", {4}, 0, 4 * 8 * 4);
+    return g.with_data(4 * 8 * 4 + 4 * 4);
   };
   const std::string dir = kvlab::test::temp_dir("gguf_bounds");
   const std::string huge = dir + "/huge.gguf", zero_ctx = dir + "/ctx0.gguf";
