@@ -74,7 +74,8 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   auto agg = replay_aggregates(rows);
   nlohmann::json extra = {{"complete", true}, {"aggregate", agg}};
   if (base_config.value("skip_nonfinite", false))
-    extra["skipped_nonfinite"] = {{"count", skipped.size()}, {"units", skipped.is_null() ? nlohmann::json::array() : skipped}};
+    extra["skipped_nonfinite"] = {{"count", skipped.size()},
+                                  {"units", skipped.is_null() ? nlohmann::json::array() : skipped}};
   run.write_result(context, rows, extra);
   write_replay_tables(run, agg);
   std::cout << render_replay_table(agg["overall"]);

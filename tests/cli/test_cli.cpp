@@ -338,6 +338,17 @@ TEST_CASE("cli: replay refuses a unit with NaN/Inf naming capture, sample, layer
     CHECK(std::isfinite(row["rel_err"].get<double>()));
   }
   for (const auto& a : j["aggregate"]["overall"]) CHECK(std::isfinite(a["rel_err"].get<double>()));
+  // Sharded: the shard holding the unit lists it, and merge joins the lists.
+  for (std::string i : {"0", "1"}) {
+    auto sh = run_kvlab(common + " --skip-nonfinite --shard " + i + "/2 --out " + dir + "/s" + i);
+    REQUIRE_MESSAGE(sh.code == 0, sh.out);
+  }
+  CHECK(read_json_file(dir + "/s0/result.json")["skipped_nonfinite"]["count"] == 0);
+  auto m = run_kvlab("merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/merged");
+  REQUIRE_MESSAGE(m.code == 0, m.out);
+  auto merged = read_json_file(dir + "/merged/result.json");
+  CHECK(merged["rows"].size() == 12);
+  CHECK(merged["skipped_nonfinite"] == j["skipped_nonfinite"]);
 }
 
 namespace {
@@ -417,14 +428,15 @@ TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/
   auto dir = test::temp_dir("cli_run_signal");
   fs::create_directories(dir + "/tmp");
   {
-    // A dump long enough to be interrupted: 400 prompts.
+    // A dump long enough to be interrupted: 4000 prompts, about 30 s on 2 cores (stopped after 0.3 s).
     std::ofstream data(dir + "/prompts.jsonl");
-    for (int i = 0; i < 400; ++i)
+    for (int i = 0; i < 4000; ++i)
       data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. She loved to play "
                                         "outside in the park with her friends. " + std::to_string(i)}}.dump() << "\n";
   }
   nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
-  std::ofstream(dir + "/run.json") << nlohmann::json{{"name", "sig"}, {"steps", {{{"command", "dump"}, {"config", config}}}}}.dump();
+  nlohmann::json spec = {{"name", "sig"}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
+  std::ofstream(dir + "/run.json") << spec.dump();
   const std::string script =
       "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
       "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "

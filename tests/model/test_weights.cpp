@@ -501,7 +501,8 @@ TEST_CASE("gguf: a huge block_count or a zero context_length names the file and 
   CHECK_THROWS_WITH_AS(kvlab::load_model(huge),
                        doctest::Contains((huge + ": key 'llama.block_count' = 2147483647 is out of range").c_str()), Error);
   CHECK_THROWS_WITH_AS(kvlab::load_model(zero_ctx),
-                       doctest::Contains((zero_ctx + ": key 'llama.context_length' must be a positive integer (the model's context length), found 0").c_str()),
+                       doctest::Contains((zero_ctx + ": key 'llama.context_length' must be a positive integer (the "
+                                                     "model's context length), found 0").c_str()),
                        Error);
 }
 

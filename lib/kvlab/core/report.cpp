@@ -53,7 +53,8 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   if (::close(fd) != 0 && err == 0) err = errno;  // NFS and others may report a full disk only here
   if (err != 0) {
     fs::remove(tmp, ec);
-    KVLAB_FAIL("cannot write '{}': {}{}; {}", path, std::strerror(err), err == ENOSPC || err == EDQUOT ? " (disk full)" : "",
+    KVLAB_FAIL("cannot write '{}': {}{}; {}", path, std::strerror(err),
+               err == ENOSPC || err == EDQUOT ? " (disk full)" : "",
                fs::exists(path, ec) ? "the previous file is unchanged" : "nothing was written");
   }
   fs::rename(tmp, path, ec);
