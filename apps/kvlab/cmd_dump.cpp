@@ -4,7 +4,9 @@
 // Runs one prefill per prompt with a QkvTap that hands each wanted layer's post-RoPE q/k/v to the
 // CaptureWriter as soon as the layer produces it, so memory never holds more than one layer's
 // q/k/v (peak memory is nearly independent of the number of captured layers).
-// Prompts longer than --max-tokens keep their first and last max_tokens/2 tokens (LongBench rule).
+// Prompts longer than --max-tokens keep their first and last max_tokens/2 tokens (LongBench rule;
+// an odd N keeps N-1). A prompt longer than the model's context is an error naming the context and
+// the prompt's length, unless --truncate asks for the same middle truncation to the context.
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -50,13 +52,16 @@ struct DumpOptions {
   std::string chat_template = "auto";
   std::string out = "capture.h5";
   bool overwrite = false;
+  bool truncate = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("dataset", dataset, "JSONL prompt source (LongBench, LongEval, XSUM or {prompt|text} records)");
     f.add("prompt_file", prompt_file, "a text file used as one prompt");
     f.add("prompt", prompt, "one prompt given inline");
     f.add("samples", samples, "number of records to dump from --dataset (-1 = all)");
-    f.add("max_tokens", max_tokens, "truncate longer prompts in the middle (0 = the model's context length)");
+    f.add("max_tokens", max_tokens, "truncate longer prompts in the middle to N tokens (first and last N/2; "
+                                    "0 = no limit below the model's context)");
+    f.add("truncate", truncate, "truncate prompts longer than the model's context in the middle instead of failing");
     f.add("layers", layers, "'all' or comma-separated 0-based layer indices");
     f.add("queries", queries, "'all' or 'last:N': query positions stored per sample");
     f.add("dtype", dtype, "storage dtype of q/k/v").one_of({"float32", "float16", "bfloat16"});
@@ -122,14 +127,23 @@ std::string read_text(const std::string& path, const std::string& flag) {
   return ss.str();
 }
 
-// Writes each wanted layer as it arrives.
+// Writes each wanted layer as it arrives; a layer holding NaN or Inf is refused (the writer's
+// partial file is removed when the error unwinds it), so a capture never holds non-finite values.
 struct CaptureTap : QkvTap {
   CaptureWriter* writer = nullptr;
   std::vector<bool> wanted;  // by layer
   Progress* progress = nullptr;
+  int64_t sample = 0;        // the sample being written, for messages
+  std::string sample_id;
+  std::string out;
   bool wants(int layer) const override { return wanted.at(layer); }
   void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
-    writer->write_layer(layer, q, k, v);  // q [Hq, T, d] (writer keeps the last n_q), k/v [Hkv, T, d]
+    // q [Hq, T, d] (every position: q_start 0), k/v [Hkv, T, d]
+    const NonFinite nf = find_nonfinite(LayerQKV{q, k, v}, 0);
+    KVLAB_CHECK(nf.count == 0, "sample {} ('{}'), layer {}: the forward pass produced {} non-finite value{} in "
+                "q/k/v; the first is {}; nothing written to --out {} (check the model's weights and --compute-dtype)",
+                sample, sample_id, layer, nf.count, nf.count == 1 ? "" : "s", describe_nonfinite(nf), out);
+    writer->write_layer(layer, q, k, v);  // the writer keeps q's last n_q positions
     if (progress) progress->advance(1);
   }
 };
@@ -147,7 +161,8 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(n_sources == 1, "give exactly one of --dataset, --prompt-file, --prompt (found {})",
               n_sources);
   KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 or -1 (all), got {}", o.samples);
-  KVLAB_CHECK(o.max_tokens >= 0, "--max-tokens must be >= 0, got {}", o.max_tokens);
+  KVLAB_CHECK(o.max_tokens == 0 || o.max_tokens >= 2, "--max-tokens must be 0 (no limit) or >= 2 (the first and "
+              "last N/2 tokens are kept), got {}", o.max_tokens);
   const at::ScalarType storage = parse_storage_dtype(o.dtype, "--dtype");
   const int64_t last_q = parse_queries(o.queries);
   ModelLoadOptions lo;
@@ -182,8 +197,14 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   const ModelConfig& c = model.config;
   Tokenizer tok = load_model_tokenizer(src);
   const std::vector<int> layers = parse_layers(o.layers, c.n_layers);
-  int64_t max_tokens = o.max_tokens;
-  if (max_tokens == 0) max_tokens = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
+  // The model's context: positions past it were never trained (RoPE scaling aside).
+  const bool ctx_known = c.max_position_embeddings > 0;
+  const int64_t ctx = ctx_known ? c.max_position_embeddings : 4096;
+  const std::string ctx_what = ctx_known ? fmt::format("the model's context of {} tokens ({})", ctx, o.model)
+                                         : fmt::format("an assumed context of {} tokens ({} gives none)", ctx, o.model);
+  if (o.max_tokens % 2 == 1)
+    fmt::print(stderr, "[dump] note: --max-tokens {} is odd; a longer prompt keeps its first and last {} tokens "
+               "({} in all, LongBench's rule)\n", o.max_tokens, o.max_tokens / 2, o.max_tokens / 2 * 2);
 
   CaptureMeta meta;
   meta.model_id = model.id;
@@ -199,6 +220,11 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   meta.queries = o.queries;
   meta.source_dataset = source_name;
 
+  // A dump killed before it finished leaves "<out>.partial": a half-written HDF5 file that cannot
+  // be continued safely, so it is removed and the capture made again from the start.
+  if (remove_stale_partial(o.out))
+    fmt::print(stderr, "[dump] removed {}.partial, left by an interrupted dump; dumping again from the start\n",
+               o.out);
   CaptureWriter writer(o.out, meta);
   Progress progress("dump", static_cast<int64_t>(records.size() * layers.size()));
   CaptureTap tap;
@@ -206,26 +232,43 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   tap.wanted.assign(c.n_layers, false);
   for (int l : layers) tap.wanted[l] = true;
   tap.progress = &progress;
+  tap.out = o.out;
   ExactAttention attn(c.n_layers);
   ForwardOptions fo;
   fo.tap = &tap;
   fo.logits = false;
-  int64_t total_tokens = 0, n_truncated = 0;
+  int64_t total_tokens = 0, n_truncated = 0, longest_truncated = 0;
   auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < records.size(); ++i) {
     const PromptRecord& r = records[i];
     const std::string tmpl = r.use_chat_template ? o.chat_template : "none";
     const std::string text = apply_model_chat_template(tmpl, src, tok, r.prompt);
     std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/true);
-    if (static_cast<int64_t>(ids.size()) > max_tokens) {
-      ids = truncate_middle(ids, max_tokens);
-      ++n_truncated;
+    const int64_t n_prompt = static_cast<int64_t>(ids.size());
+    if (o.max_tokens > 0 && static_cast<int64_t>(ids.size()) > o.max_tokens) ids = truncate_middle(ids, o.max_tokens);
+    if (static_cast<int64_t>(ids.size()) > ctx) {
+      KVLAB_CHECK(o.truncate, "sample {} ('{}'): the prompt has {} tokens{}, more than {}; pass --truncate to keep "
+                  "its first and last {} tokens, or --max-tokens {} or less", i, r.id, n_prompt,
+                  static_cast<int64_t>(ids.size()) != n_prompt ? fmt::format(" ({} after --max-tokens {})", ids.size(),
+                                                                            o.max_tokens)
+                                                              : "",
+                  ctx_what, ctx / 2, ctx);
+      ids = truncate_middle(ids, ctx);
     }
     KVLAB_CHECK(!ids.empty(), "sample {} ('{}'): the prompt has no tokens", i, r.id);
     at::Tensor tokens = at::tensor(ids, at::kLong);  // [T]
     const int64_t T = tokens.numel();
+    if (T < n_prompt) {
+      ++n_truncated;
+      longest_truncated = std::max(longest_truncated, T);
+    }
+    if (last_q > T)
+      fmt::print(stderr, "[dump] warning: sample {} ('{}'): --queries {} asks for more positions than its {} tokens; "
+                 "all {} are stored\n", i, r.id, o.queries, T, T);
     const int64_t n_q = last_q < 0 ? T : std::min(last_q, T);
     const std::string sid = r.id.empty() ? fmt::format("{}", i) : r.id;
+    tap.sample = static_cast<int64_t>(i);
+    tap.sample_id = sid;
     writer.begin_sample(sid, tokens, n_q);
     attn.reset();
     forward(model, tokens, 0, attn, fo);
@@ -235,9 +278,13 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   writer.finish();
   progress.finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print(stderr, "[dump] wrote {}: {} samples, {} tokens ({} truncated to {}), {} layers, "
+  // The lengths as written: an odd --max-tokens N gives N-1 tokens, and the message says so.
+  const std::string truncated =
+      n_truncated ? fmt::format("{} truncated in the middle, the longest to {} tokens", n_truncated, longest_truncated)
+                  : "none truncated";
+  fmt::print(stderr, "[dump] wrote {}: {} samples, {} tokens ({}), {} layers, "
              "queries {}, {:.1f} s, peak RSS {:.1f} MiB\n", o.out, records.size(), total_tokens,
-             n_truncated, max_tokens, layers.size(), o.queries, s, peak_rss_kib() / 1024.0);
+             truncated, layers.size(), o.queries, s, peak_rss_kib() / 1024.0);
 }
 
 }  // namespace

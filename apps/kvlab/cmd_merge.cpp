@@ -40,6 +40,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
                 "--out {} is one of the inputs ({}); merging into it would replace that shard", o.out, in);
   }
   nlohmann::json rows = nlohmann::json::array(), shards = nlohmann::json::array();
+  nlohmann::json skipped;  // replay --skip-nonfinite: the shards' skipped units, joined
   nlohmann::json base_config;
   std::set<std::string> seen_shards;
   int expected_n = -1;
@@ -61,6 +62,8 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
                 o.inputs.front(), config.dump(), base_config.dump());
     for (auto& r : j["rows"]) rows.push_back(r);
+    if (j.contains("skipped_nonfinite"))
+      for (auto& u : j["skipped_nonfinite"].value("units", nlohmann::json::array())) skipped.push_back(u);
     shards.push_back(j["context"]);
   }
   KVLAB_CHECK(int(seen_shards.size()) == expected_n, "merge: {} of {} shards given; missing shards would bias the "
@@ -69,7 +72,11 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   auto context = context_block("cpu", 0, base_config);
   context["merged_from"] = shards;
   auto agg = replay_aggregates(rows);
-  run.write_result(context, rows, {{"complete", true}, {"aggregate", agg}});
+  nlohmann::json extra = {{"complete", true}, {"aggregate", agg}};
+  if (base_config.value("skip_nonfinite", false))
+    extra["skipped_nonfinite"] = {{"count", skipped.size()},
+                                  {"units", skipped.is_null() ? nlohmann::json::array() : skipped}};
+  run.write_result(context, rows, extra);
   write_replay_tables(run, agg);
   std::cout << render_replay_table(agg["overall"]);
   fmt::print(stderr, "[merge] {} rows from {} shards -> {}\n", rows.size(), shards.size(), run.file("result.json"));

@@ -1,10 +1,18 @@
 // kvlab replay: replays captured q/k/v through compressors and measures single-layer error
 // against exact attention (METHODS.md §2, §4). Rows go to result.json as they are produced.
+//
+// Resume: after each (sample, layer) unit, result.json is rewritten with every row so far and
+// "complete": false. A run into the same --out with the same config (as RunDir checks) picks up
+// those rows and skips their units, so an interrupted run, restarted, gives the rows of an
+// uninterrupted one (timing fields aside). --overwrite starts from scratch.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 
 #include "command.h"
 #include "commands.h"
@@ -35,6 +43,7 @@ struct ReplayOptions {
   int64_t obs_queries = 256;
   bool rerotate = false;
   bool overwrite = false;
+  bool skip_nonfinite = false;
   std::string layers = "all";
   std::string heads = "all";
   std::string samples = "all";
@@ -79,6 +88,8 @@ struct ReplayOptions {
     f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
     f.add("quiet", quiet, "no progress output");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    f.add("skip_nonfinite", skip_nonfinite, "skip (sample, layer) units whose q/k/v hold NaN/Inf and list them in "
+                                            "result.json (default: such a unit is an error)");
     f.add("rows_out", rows_out, "per-head rows: inline in result.json, or jsonl = rows.jsonl beside a result.json "
                                 "holding context + aggregate + \"rows_file\" (for big runs)")
         .one_of({"inline", "jsonl"});
@@ -143,7 +154,37 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
 
   KVLAB_CHECK(!mine.empty(), "--shard {}: this shard has no units ({} (sample, layer) units in all); use at most {} "
               "shards", o.shard, units.size(), units.size());
+  // An unfinished run of this config in --out: its checkpoint, read before RunDir rewrites config.json.
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json skipped = nlohmann::json::array();  // units with NaN/Inf (--skip-nonfinite)
+  std::set<std::pair<int64_t, int>> done;            // (sample, layer) units already measured
+  const std::string checkpoint = o.out + "/result.json";
+  const bool resumable = !o.out.empty() && !o.overwrite && std::filesystem::exists(checkpoint);
   RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  if (resumable) {
+    const nlohmann::json prev = read_json_file(checkpoint);
+    if (!prev.value("complete", true)) {
+      if (prev.contains("rows_file")) {
+        std::ifstream in(run.file(prev["rows_file"].get<std::string>()));
+        for (std::string line; std::getline(in, line);)
+          if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+        KVLAB_CHECK(rows.size() == prev.value("n_rows", size_t(0)), "{}: holds {} rows but {} says {}; remove --out "
+                    "{} or pass --overwrite to start again", run.file(prev["rows_file"].get<std::string>()),
+                    rows.size(), checkpoint, prev.value("n_rows", size_t(0)), o.out);
+      } else {
+        rows = prev.value("rows", nlohmann::json::array());
+      }
+      if (prev.contains("skipped_nonfinite")) skipped = prev["skipped_nonfinite"].value("units", skipped);
+      for (const auto& r : rows) done.emplace(r.at("sample").get<int64_t>(), r.at("layer").get<int>());
+      for (const auto& u : skipped) done.emplace(u.at("sample").get<int64_t>(), u.at("layer").get<int>());
+      size_t n_done = 0;
+      for (const auto& u : mine) n_done += done.count(u);
+      KVLAB_CHECK(n_done == done.size(), "{}: its rows come from units this run does not have; remove --out {} or "
+                  "pass --overwrite to start again", checkpoint, o.out);
+      fmt::print(stderr, "[replay] resuming {}: {} of {} units already measured ({} rows, \"complete\": false)\n",
+                 o.out, n_done, mine.size(), rows.size());
+    }
+  }
   auto context = context_block(o.device, seeds.front(), effective);
   context["capture"] = {{"file", o.capture}, {"model_id", meta.model_id}, {"source_dataset", meta.source_dataset},
                         {"git_sha", meta.git_sha}};
@@ -151,8 +192,8 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   fmt::print(stderr, "[replay] {} units (sample x layer) in shard {}, {} methods x {} settings x {} seeds -> {}\n",
              mine.size(), o.shard, methods.size(), settings.size(), seeds.size(), run.path());
 
-  nlohmann::json rows = nlohmann::json::array();
   auto write = [&](nlohmann::json extra) {
+    if (o.skip_nonfinite) extra["skipped_nonfinite"] = {{"count", skipped.size()}, {"units", skipped}};
     if (o.rows_out == "inline") return run.write_result(context, rows, extra);
     std::string text;
     for (const auto& r : rows) text += r.dump() + "\n";
@@ -162,8 +203,32 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     run.write_result(context, nlohmann::json::array(), extra);
   };
   Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
+  const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());
   for (const auto& [s, l] : mine) {
-    auto unit = load_unit(cap, s, l, proto);
+    if (done.count({s, l})) {  // measured before the interruption
+      progress.advance(per_unit, fmt::format("sample {} layer {} (checkpoint)", s, l));
+      continue;
+    }
+    // Every unit is checked as it is loaded: a NaN or Inf never reaches a method or an aggregate.
+    const LayerQKV qkv = cap.read_layer(s, l);
+    const NonFinite nf = find_nonfinite(qkv, cap.sample(s).q_start);
+    if (nf.count > 0) {
+      if (!o.skip_nonfinite) {
+        try {
+          check_finite(cap, s, l, qkv);
+        } catch (const Error& e) {
+          KVLAB_FAIL("{}; --skip-nonfinite skips such units and lists them in result.json", e.what());
+        }
+      }
+      skipped.push_back({{"sample", s}, {"sample_id", cap.sample(s).sample_id}, {"layer", l}, {"count", nf.count},
+                         {"first", describe_nonfinite(nf)}});
+      fmt::print(stderr, "\n[replay] warning: skipped sample {} layer {}: {} non-finite value{} in q/k/v; the first is "
+                 "{}\n", s, l, nf.count, nf.count == 1 ? "" : "s", describe_nonfinite(nf));
+      progress.advance(per_unit, fmt::format("sample {} layer {} skipped", s, l));
+      write({{"complete", false}});
+      continue;
+    }
+    auto unit = load_unit(cap, s, l, proto, qkv);
     for (const auto& m : methods)
       for (const auto& b : settings)
         for (uint64_t seed : seeds) {
@@ -177,6 +242,11 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     write({{"complete", false}});
   }
   progress.finish();
+  KVLAB_CHECK(!rows.empty(), "--skip-nonfinite: every one of the {} units holds NaN/Inf (listed in {}); nothing to "
+              "measure", mine.size(), run.file("result.json"));
+  if (!skipped.empty())
+    fmt::print(stderr, "[replay] {} of {} units skipped for non-finite q/k/v (listed under skipped_nonfinite in "
+               "result.json)\n", skipped.size(), mine.size());
   auto agg = replay_aggregates(rows);
   write({{"complete", true}, {"aggregate", agg}});
   write_replay_tables(run, agg);

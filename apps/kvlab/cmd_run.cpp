@@ -12,13 +12,19 @@
 // which also yields the effective config with defaults filled in.
 //
 // Capture steps (dump, synth) are cached: after a successful run, "<out>.config.json" records the
-// step's effective config and its sha256 (of the config JSON's compact dump); a later run whose
-// `out` exists and whose sidecar sha256 matches skips the step (`--force` reruns it). The sha covers
-// the config only, not the model file's or the binary's contents.
+// step's effective config and its sha256 (of the config JSON's compact dump), and the sha256 of the
+// capture file itself. A later run skips the step (`--force` reruns it) only when the sidecar's
+// config sha matches, the capture opens with its `complete` mark, and the capture's bytes still
+// have the recorded digest: a truncated capture, or one replaced by another, is made again. The
+// config sha does not cover the model file's or the binary's contents.
+//
+// SIGINT and SIGTERM are forwarded to the running step, and the run then stops with one line,
+// removing its temporary folder (/tmp/kvlab-run-*).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +42,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/report.h"
 #include "kvlab/core/sha256.h"
+#include "kvlab/io/capture.h"
 
 namespace kvlab::cli {
 namespace {
@@ -82,6 +89,41 @@ void check_keys(const nlohmann::json& j, const std::vector<std::string>& allowed
 // argv[0] of child steps: this binary (exec'd through /proc/self/exe, see run_process).
 const std::string kSelf = "kvlab";
 
+// The step running now (0: none) and the first SIGINT/SIGTERM received (0: none). The handler
+// only forwards the signal; the run stops once the step has exited.
+volatile sig_atomic_t g_child = 0;
+volatile sig_atomic_t g_signal = 0;
+
+extern "C" void forward_signal(int sig) {
+  if (!g_signal) g_signal = sig;
+  const pid_t child = static_cast<pid_t>(g_child);
+  if (child > 0) kill(child, sig);
+}
+
+// Installs forward_signal for SIGINT and SIGTERM while alive; the previous handlers after.
+struct SignalForwarding {
+  struct sigaction old_int {}, old_term {};
+  SignalForwarding() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = forward_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~SignalForwarding() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+// Throws (so that the temporary folder is removed on the way out) once a signal has arrived.
+void check_interrupted(const std::string& where) {
+  const int sig = g_signal;
+  KVLAB_CHECK(sig == 0, "interrupted by {} {}; stopped (temporary files removed)",
+              sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : fmt::format("signal {}", sig), where);
+}
+
 // Runs argv; returns the exit status (128 + signal if killed). With `out`, captures stdout.
 int run_process(const std::vector<std::string>& argv, std::string* out) {
   int fds[2] = {-1, -1};
@@ -102,6 +144,8 @@ int run_process(const std::vector<std::string>& argv, std::string* out) {
     execv(argv[0] == kSelf ? "/proc/self/exe" : args[0], args.data());
     _exit(127);
   }
+  g_child = pid;
+  if (g_signal) kill(pid, g_signal);  // arrived between fork and here
   if (out) {
     close(fds[1]);
     std::array<char, 4096> buf;
@@ -113,6 +157,7 @@ int run_process(const std::vector<std::string>& argv, std::string* out) {
   while (waitpid(pid, &status, 0) < 0) {
     KVLAB_CHECK(errno == EINTR, "waitpid() failed");
   }
+  g_child = 0;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
@@ -151,17 +196,34 @@ std::vector<std::string> step_argv(const std::string& exe, const Step& s) {
 std::string sidecar_path(const std::string& out) { return out + ".config.json"; }
 std::string config_sha(const nlohmann::json& effective) { return sha256_hex(effective.dump()); }
 
-// True when the step's output exists and its sidecar records the same effective config.
-bool cached(const Step& s) {
+// Whether a capture step is done, decided from its output's own content: the sidecar records the
+// same effective config, the capture opens and carries its `complete` mark, and its bytes have the
+// digest recorded in the sidecar. `why` says what failed (empty: no sidecar or another config).
+bool cached(const Step& s, std::string* why) {
   if (!kCachedCommands.count(s.command) || !s.effective.contains("out")) return false;
   const std::string out = s.effective["out"].get<std::string>();
   if (!fs::exists(out) || !fs::exists(sidecar_path(out))) return false;
+  nlohmann::json side;
   try {
-    auto side = read_json_file(sidecar_path(out));
-    return side.value("config_sha256", "") == config_sha(s.effective);
+    side = read_json_file(sidecar_path(out));
   } catch (const Error&) {
     return false;
   }
+  if (side.value("config_sha256", "") != config_sha(s.effective)) return false;
+  try {
+    CaptureReader check(out);  // structure and the `complete` mark
+  } catch (const Error& e) {
+    *why = fmt::format("{} is not a complete capture ({})", out, e.what());
+    return false;
+  }
+  const std::string digest = sha256_file_hex(out);
+  if (side.value("capture_sha256", "") != digest) {
+    *why = fmt::format("{} is not the capture this config made (its sha256 {} differs from {}'s {})", out,
+                       digest.substr(0, 12), sidecar_path(out),
+                       side.value("capture_sha256", "(none)").substr(0, 12));
+    return false;
+  }
+  return true;
 }
 
 struct TempDir {
@@ -186,6 +248,7 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(spec.contains("steps") && spec["steps"].is_array() && !spec["steps"].empty(),
               "{}: 'steps' must be a non-empty array of {{\"command\": ..., \"config\": {{...}}}}", o.file);
   const std::string exe = kSelf;
+  SignalForwarding forwarding;
   TempDir tmp;
 
   // 1. Parse and validate every step with its own command before running any.
@@ -208,6 +271,7 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
     for (const auto& w : command_words(s.command)) probe.push_back(w);
     for (const char* a : {"--config", s.config_file.c_str(), "--print-config"}) probe.push_back(a);
     int rc = run_process(probe, &out);
+    check_interrupted(fmt::format("while checking steps[{}]", i));
     KVLAB_CHECK(rc == 0, "{}: command '{}' rejected its config (exit {}; see the message above)", where, s.command,
                 rc);
     try {
@@ -233,7 +297,10 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
     const auto argv = step_argv(exe, s);
-    const bool skip = !o.force && cached(s);
+    std::string why;
+    const bool skip = !o.force && cached(s, &why);
+    if (!skip && !why.empty() && !o.dry_run)
+      fmt::print(stderr, "[run] step {} ({}): {}; running it again\n", i, s.command, why);
     if (o.dry_run) {
       fmt::print("# step {}: {}{}\n# config: {}\n{}\n", i, s.command,
                  skip ? " (skipped: output exists with the same config)" : "", s.config.dump(),
@@ -250,6 +317,8 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
     const auto t0 = std::chrono::steady_clock::now();
     int rc = run_process(argv, nullptr);
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check_interrupted(fmt::format("during steps[{}] ({}) after {:.1f} s; the signal was forwarded to it", i,
+                                  s.command, sec));
     KVLAB_CHECK(rc == 0, "{}: steps[{}] ({}) failed with exit status {} after {:.1f} s", o.file, i, s.command, rc,
                 sec);
     if (kCachedCommands.count(s.command) && s.effective.contains("out")) {
@@ -257,6 +326,7 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
       write_json_atomic(sidecar_path(out), {{"command", s.command},
                                             {"config", s.effective},
                                             {"config_sha256", config_sha(s.effective)},
+                                            {"capture_sha256", sha256_file_hex(out)},
                                             {"run_file", o.file}});
     }
     fmt::print(stderr, "[run] step {} ({}) done in {:.1f} s\n", i, s.command, sec);

@@ -67,6 +67,9 @@ void run_synth(const SynthOptions& o, const nlohmann::json& /*effective*/) {
   s.n_clusters = o.clusters;
   s.n_heavy = o.heavy;
   s.seed = o.seed;
+  if (remove_stale_partial(o.out))
+    fmt::print(stderr, "[synth] removed {}.partial, left by an interrupted run; writing it again from the start\n",
+               o.out);
   write_synthetic_capture(o.out, s, o.dtype);
   fmt::print(stderr, "wrote {} ({} samples x {} layers, {} tokens)\n", o.out, o.samples, o.layers, o.tokens);
 }

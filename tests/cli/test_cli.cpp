@@ -329,3 +329,216 @@ TEST_CASE("cli: bench generate measures every method beside exact on one prefill
   check_one_error(run_kvlab("bench generate --model " + model + " --text " + text + " --context 100000"),
                   "exceed");
 }
+
+TEST_CASE("cli: replay refuses a unit with NaN/Inf naming capture, sample, layer and head; --skip-nonfinite skips it") {
+  auto dir = test::temp_dir("cli_replay_nan");
+  auto cap = small_capture(dir);
+  {
+    H5::H5File f(cap, H5F_ACC_RDWR);
+    auto ds = f.openDataSet("/sample_0001/layer_01/v");
+    std::vector<float> v(2 * 200 * 16);
+    ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    v[(1 * 200 + 17) * 16 + 3] = std::numeric_limits<float>::quiet_NaN();  // KV head 1, position 17
+    ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+  }
+  const std::string common = "replay" + kWindows + " --quiet --capture " + cap + " --method exact,uniform --ratio 0.5";
+  // Units before it were measured (the header line, then the error as the last line).
+  auto fail = run_kvlab(common + " --out " + dir + "/fail");
+  INFO(fail.out);
+  CHECK(fail.code != 0);
+  const std::string last = fail.out.substr(fail.out.rfind('\n', fail.out.size() - 2) + 1);
+  CHECK(last == "error: capture '" + cap + "': sample 1 ('synthetic_1'), layer 1: 1 non-finite value in q/k/v; the "
+                "first is v = nan at KV head 1, position 17 (dim 3); --skip-nonfinite skips such units and lists them "
+                "in result.json\n");
+  CHECK(read_json_file(dir + "/fail/result.json")["complete"] == false);
+
+  auto r = run_kvlab(common + " --skip-nonfinite --out " + dir + "/skip");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("skipped sample 1 layer 1") != std::string::npos);
+  auto j = read_json_file(dir + "/skip/result.json");
+  CHECK(j["complete"] == true);
+  REQUIRE(j["skipped_nonfinite"]["count"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["sample"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["layer"] == 1);
+  CHECK(j["skipped_nonfinite"]["units"][0]["first"] == "v = nan at KV head 1, position 17 (dim 3)");
+  // 3 finite units x 2 heads x 2 methods, none from the skipped unit; every number finite.
+  CHECK(j["rows"].size() == 12);
+  for (const auto& row : j["rows"]) {
+    CHECK_FALSE((row["sample"] == 1 && row["layer"] == 1));
+    CHECK(std::isfinite(row["rel_err"].get<double>()));
+  }
+  for (const auto& a : j["aggregate"]["overall"]) CHECK(std::isfinite(a["rel_err"].get<double>()));
+  // Sharded: the shard holding the unit lists it, and merge joins the lists.
+  for (std::string i : {"0", "1"}) {
+    auto sh = run_kvlab(common + " --skip-nonfinite --shard " + i + "/2 --out " + dir + "/s" + i);
+    REQUIRE_MESSAGE(sh.code == 0, sh.out);
+  }
+  CHECK(read_json_file(dir + "/s0/result.json")["skipped_nonfinite"]["count"] == 0);
+  auto m = run_kvlab("merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/merged");
+  REQUIRE_MESSAGE(m.code == 0, m.out);
+  auto merged = read_json_file(dir + "/merged/result.json");
+  CHECK(merged["rows"].size() == 12);
+  CHECK(merged["skipped_nonfinite"] == j["skipped_nonfinite"]);
+}
+
+namespace {
+
+// Writes a run file with one synth step into `out` (tiny sizes) and returns the run file's path.
+std::string synth_run_file(const std::string& dir, const std::string& out) {
+  nlohmann::json config = {{"out", out}, {"kind", "random"}, {"tokens", 64}, {"queries", 16}, {"layers", 1},
+                           {"q_heads", 2}, {"kv_heads", 1},  {"head_dim", 8}, {"seed", 0}};
+  nlohmann::json spec = {{"name", "digest"}, {"steps", {{{"command", "synth"}, {"config", config}}}}};
+  const std::string path = dir + "/run.json";
+  std::ofstream(path) << spec.dump(2);
+  return path;
+}
+
+std::string sha256sum(const std::string& path) {
+  std::string out;
+  REQUIRE(test::run_command("sha256sum '" + path + "'", &out) == 0);
+  return out.substr(0, 64);
+}
+
+// Processes whose command line mentions `needle`.
+int processes_mentioning(const std::string& needle) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = test::read_file(e.path().string() + "/cmdline");
+    for (char& c : cmdline) c = c == '\0' ? ' ' : c;
+    n += cmdline.find(needle) != std::string::npos && cmdline.find("sh -c") == std::string::npos;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cli: run skips a capture step only when the capture has the digest in its sidecar") {
+  auto dir = test::temp_dir("cli_run_digest");
+  const std::string cap = dir + "/c.h5", side = cap + ".config.json";
+  const std::string run_file = synth_run_file(dir, cap);
+  auto r = run_kvlab("run " + run_file);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(read_json_file(side)["capture_sha256"] == sha256sum(cap));
+  fs::copy_file(cap, dir + "/original.h5");
+  r = run_kvlab("run " + run_file);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("exists with the same config") != std::string::npos, r.out);
+
+  SUBCASE("a truncated capture is made again") {
+    fs::resize_file(cap, fs::file_size(cap) * 2 / 3);
+    r = run_kvlab("run " + run_file);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    CHECK_MESSAGE(r.out.find(cap + " is not a complete capture") != std::string::npos, r.out);
+    CHECK(r.out.find("running it again") != std::string::npos);
+    CHECK(r.out.find("skipped") == std::string::npos);
+  }
+  SUBCASE("a capture replaced by another is made again") {
+    auto s = run_kvlab("synth --out " + cap + " --overwrite --kind random --tokens 64 --queries 16 --layers 1 "
+                       "--q-heads 2 --kv-heads 1 --head-dim 8 --seed 1");
+    REQUIRE_MESSAGE(s.code == 0, s.out);
+    r = run_kvlab("run " + run_file);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    CHECK_MESSAGE(r.out.find(cap + " is not the capture this config made") != std::string::npos, r.out);
+    CHECK(r.out.find("skipped") == std::string::npos);
+  }
+  // Either way the capture is the config's again (seed 0), and the sidecar holds its digest.
+  CHECK(read_json_file(side)["capture_sha256"] == sha256sum(cap));
+  CaptureReader now(cap), orig(dir + "/original.h5");
+  CHECK(at::equal(now.read_layer(0, 0).k, orig.read_layer(0, 0).k));
+}
+
+TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/kvlab-run-* folder is left") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("stories260K not found under " << model << ": skipped");
+    return;
+  }
+  auto dir = test::temp_dir("cli_run_signal");
+  fs::create_directories(dir + "/tmp");
+  {
+    // A dump long enough to be interrupted: 4000 prompts, about 30 s on 2 cores (stopped after 0.3 s).
+    std::ofstream data(dir + "/prompts.jsonl");
+    for (int i = 0; i < 4000; ++i)
+      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. She loved to play "
+                                        "outside in the park with her friends. " + std::to_string(i)}}.dump() << "\n";
+  }
+  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
+  nlohmann::json spec = {{"name", "sig"}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
+  std::ofstream(dir + "/run.json") << spec.dump();
+  const std::string script =
+      "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
+      "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
+      "sleep 0.3; kill -TERM $pid; wait $pid; echo \"rc=$?\"";
+  std::string out;
+  test::run_command(script, &out);
+  const std::string log = test::read_file(dir + "/log");
+  INFO("script: " << out << "\nlog: " << log);
+  CHECK(out.find("rc=0") == std::string::npos);
+  CHECK(log.find("error: interrupted by SIGTERM during steps[0] (dump)") != std::string::npos);
+  CHECK(processes_mentioning(dir + "/tmp/kvlab-run-") == 0);  // the dump child has exited
+  CHECK(fs::is_empty(dir + "/tmp"));                           // its config folder is gone
+  CHECK_FALSE(fs::exists(dir + "/c.h5"));
+  CHECK_FALSE(fs::exists(dir + "/c.h5.config.json"));
+}
+
+TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its checkpoint; rows as uninterrupted") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("stories260K not found under " << model << ": skipped");
+    return;
+  }
+  auto dir = test::temp_dir("cli_resume");
+  auto d = run_kvlab("dump --model " + model + " --prompt 'Once upon a time, there was a little girl named Lily. She "
+                     "loved to play outside in the park with her friends. One day, she saw a big red ball.' "
+                     "--queries last:32 --out " + dir + "/a.h5");
+  REQUIRE_MESSAGE(d.code == 0, d.out);
+  fs::copy_file(dir + "/a.h5", dir + "/b.h5");
+  const std::string common = "replay" + kWindows + " --quiet --method exact,uniform,h2o --ratio 0.5 --seeds 2";
+  auto full = run_kvlab(common + " --capture " + dir + "/a.h5 --out " + dir + "/full");
+  REQUIRE_MESSAGE(full.code == 0, full.out);
+
+  // Interrupt the run on b.h5 at its third unit (layer 2): a NaN there stops it after the
+  // checkpoint of layers 0 and 1.
+  auto poke = [&](float value) {
+    H5::H5File f(dir + "/b.h5", H5F_ACC_RDWR);
+    auto ds = f.openDataSet("/sample_0000/layer_02/v");
+    hsize_t dims[3];
+    ds.getSpace().getSimpleExtentDims(dims);
+    std::vector<float> v(dims[0] * dims[1] * dims[2]);
+    ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+    const float old = v[5];
+    v[5] = value;
+    ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+    return old;
+  };
+  const float kept = poke(std::numeric_limits<float>::quiet_NaN());
+  const std::string resumed_cmd = common + " --capture " + dir + "/b.h5 --out " + dir + "/resumed";
+  auto first = run_kvlab(resumed_cmd);
+  REQUIRE(first.code != 0);
+  auto partial = read_json_file(dir + "/resumed/result.json");
+  CHECK(partial["complete"] == false);
+  std::set<int> layers_done;
+  for (const auto& row : partial["rows"]) layers_done.insert(row["layer"].get<int>());
+  CHECK(layers_done == std::set<int>{0, 1});
+
+  poke(kept);
+  auto second = run_kvlab(resumed_cmd);
+  REQUIRE_MESSAGE(second.code == 0, second.out);
+  CHECK_MESSAGE(second.out.find("resuming " + dir + "/resumed: 2 of 5 units already measured") != std::string::npos,
+                second.out);
+  auto a = read_json_file(dir + "/full/result.json"), b = read_json_file(dir + "/resumed/result.json");
+  CHECK(b["complete"] == true);
+  // scripts/compare_rows.py: rows equal as JSON except the timing field.
+  REQUIRE(a["rows"].size() == b["rows"].size());
+  CHECK(a["rows"].size() == 5 * 4 * 2 * 3);  // 5 layers x 4 KV heads x 2 seeds x 3 methods
+  for (size_t i = 0; i < a["rows"].size(); ++i) {
+    auto ra = a["rows"][i], rb = b["rows"][i];
+    ra.erase("compress_ms");
+    rb.erase("compress_ms");
+    CHECK_MESSAGE(ra == rb, "row " << i << ": " << ra.dump() << " vs " << rb.dump());
+  }
+  for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i)
+    CHECK(a["aggregate"]["overall"][i]["rel_err"] == b["aggregate"]["overall"][i]["rel_err"]);
+}

@@ -11,8 +11,10 @@
 #include <c10/core/InferenceMode.h>
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 namespace fs = std::filesystem;
@@ -130,4 +132,161 @@ TEST_CASE("kvlab dump flag errors name the flag") {
     CHECK(test::run_command(cmd, &log) != 0);
     CHECK_MESSAGE(log.find(c.expect) != std::string::npos, log);
   }
+}
+
+TEST_CASE("kvlab dump: prompts past the model's context fail unless --truncate; lengths reported as written") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_ctx");
+  const std::string prompt = dir + "/long.txt";
+  {
+    std::ofstream f(prompt);
+    for (int i = 0; i < 60; ++i) f << "Once upon a time, there was a little girl named Lily. ";
+  }
+  auto dump = [&](const std::string& args, const std::string& out, std::string* log) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt-file '{}' --layers 0 {} --out '{}'",
+                                         test::kvlab_bin(), stories_dir(), prompt, args, out), log);
+  };
+  auto n_tokens = [](const std::string& path) { return CaptureReader(path).sample(0).n_tokens; };
+  std::string log;
+  // stories260K's context is 512 tokens (max_position_embeddings); the prompt is longer.
+  for (const std::string args : {"", "--max-tokens 1000"}) {
+    CAPTURE(args);
+    CHECK(dump(args, dir + "/x.h5", &log) != 0);
+    CHECK_MESSAGE(log.find("the prompt has ") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("more than the model's context of 512 tokens") != std::string::npos, log);
+    CHECK_MESSAGE(log.find("pass --truncate") != std::string::npos, log);
+    CHECK_FALSE(fs::exists(dir + "/x.h5"));
+  }
+  REQUIRE_MESSAGE(dump("--truncate", dir + "/t.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/t.h5") == 512);
+  REQUIRE_MESSAGE(dump("--max-tokens 1000 --truncate", dir + "/t2.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/t2.h5") == 512);
+  // An odd --max-tokens keeps N-1 tokens (LongBench's first and last N/2), and says so.
+  REQUIRE_MESSAGE(dump("--max-tokens 301", dir + "/odd.h5", &log) == 0, log);
+  CHECK(n_tokens(dir + "/odd.h5") == 300);
+  CHECK_MESSAGE(log.find("1 truncated in the middle, the longest to 300 tokens") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("--max-tokens 301 is odd") != std::string::npos, log);
+  CHECK(log.find("truncated to 301") == std::string::npos);
+  // More query positions asked than the prompt has: stored all, with a warning.
+  REQUIRE(test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time' --layers 0 "
+                                        "--queries last:100000 --out '{}/q.h5'",
+                                        test::kvlab_bin(), stories_dir(), dir),
+                            &log) == 0);
+  const int64_t n = n_tokens(dir + "/q.h5");
+  CHECK(CaptureReader(dir + "/q.h5").sample(0).n_q == n);
+  CHECK_MESSAGE(log.find(fmt::format("warning: sample 0 ('prompt'): --queries last:100000 asks for more positions "
+                                     "than its {} tokens; all {} are stored", n, n)) != std::string::npos, log);
+}
+
+TEST_CASE("kvlab dump refuses to write NaN/Inf, naming sample, layer, tensor and position") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  // stories260K with one NaN weight: v_proj of layer 1, row 0 (KV head 0, dim 0), column 0.
+  const std::string dir = test::temp_dir("dump_nan");
+  const std::string model = dir + "/model";
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "tok512.bin"}) fs::copy_file(stories_dir() + "/" + f, model + "/" + f);
+  std::string bytes = test::read_file(stories_dir() + "/model.safetensors");
+  REQUIRE(bytes.size() > 8);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
+  const auto& t = header.at("model.layers.1.self_attn.v_proj.weight");
+  REQUIRE(t.at("dtype") == "F32");
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&bytes[8 + header_len + t.at("data_offsets")[0].get<size_t>()], &nan, sizeof(float));
+  std::ofstream(model + "/model.safetensors", std::ios::binary) << bytes;
+
+  const std::string out = dir + "/nan.h5";
+  std::string log;
+  const std::string cmd = fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time' --out '{}'",
+                                      test::kvlab_bin(), model, out);
+  CHECK(test::run_command(cmd, &log) != 0);
+  CHECK_MESSAGE(log.find("error: sample 0 ('prompt'), layer 1: the forward pass produced ") != std::string::npos, log);
+  CHECK_MESSAGE(log.find("the first is v = nan at KV head 0, position 0 (dim 0); nothing written to --out " + out) !=
+                    std::string::npos, log);
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out + ".partial"));
+  // Layer 0 comes before the NaN: capturing only it succeeds.
+  REQUIRE_MESSAGE(test::run_command(cmd + " --layers 0", &log) == 0, log);
+  CHECK(scan_nonfinite(CaptureReader(out)).count == 0);
+}
+
+TEST_CASE("kvlab dump after an interrupted dump: the stale .partial is removed with a message, output as uninterrupted") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_resume");
+  auto dump = [&](const std::string& out, std::string* log) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' --prompt 'Once upon a time, there was a "
+                                         "little girl named Lily.' --queries last:8 --out '{}'",
+                                         test::kvlab_bin(), stories_dir(), out),
+                             log);
+  };
+  std::string log;
+  REQUIRE_MESSAGE(dump(dir + "/a.h5", &log) == 0, log);
+  CHECK(log.find("removed") == std::string::npos);
+  // What a dump killed mid-write leaves: the first part of the capture under the temp name.
+  const std::string a_bytes = test::read_file(dir + "/a.h5");
+  std::ofstream(dir + "/b.h5.partial", std::ios::binary) << a_bytes.substr(0, a_bytes.size() / 2);
+  REQUIRE_MESSAGE(dump(dir + "/b.h5", &log) == 0, log);
+  CHECK_MESSAGE(log.find("removed " + dir + "/b.h5.partial, left by an interrupted dump; dumping again from the "
+                         "start") != std::string::npos, log);
+  CHECK_FALSE(fs::exists(dir + "/b.h5.partial"));
+  CaptureReader a(dir + "/a.h5"), b(dir + "/b.h5");
+  REQUIRE(b.n_samples() == 1);
+  CHECK(at::equal(a.tokens(0), b.tokens(0)));
+  for (int layer : a.meta().layers) {
+    auto x = a.read_layer(0, layer), y = b.read_layer(0, layer);
+    CAPTURE(layer);
+    CHECK(at::equal(x.q, y.q));
+    CHECK(at::equal(x.k, y.k));
+    CHECK(at::equal(x.v, y.v));
+  }
+}
+
+TEST_CASE("kvlab dump on a full disk: one error line, no partial file, the previous capture intact (root: tmpfs)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(test::kvlab_bin())) {
+    MESSAGE("skipped: needs " << stories_dir() << " and the kvlab binary");
+    return;
+  }
+  const std::string dir = test::temp_dir("dump_full") + "/disk";
+  fs::create_directories(dir);
+  std::string log;
+  if (test::run_command("mount -t tmpfs -o size=200k tmpfs '" + dir + "'", &log) != 0) {
+    MESSAGE("skipped: mounting a 200 KiB tmpfs needs root (" << log << ")");
+    return;
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() {
+      std::string ignored;
+      test::run_command("umount '" + dir + "'", &ignored);
+    }
+  } unmount{dir};
+  auto dump = [&](const std::string& prompt_args, std::string* out) {
+    return test::run_command(fmt::format("'{}' --threads 2 dump --model '{}' {} --overwrite --out '{}/c.h5'",
+                                         test::kvlab_bin(), stories_dir(), prompt_args, dir),
+                             out);
+  };
+  REQUIRE_MESSAGE(dump("--prompt 'Once upon a time' --layers 0", &log) == 0, log);
+  const std::string before = test::read_file(dir + "/c.h5");
+  {
+    std::ofstream f(dir + "/../long.txt");
+    for (int i = 0; i < 60; ++i) f << "Once upon a time, there was a little girl named Lily. ";
+  }
+  CHECK(dump("--prompt-file '" + dir + "/../long.txt' --truncate", &log) != 0);  // ~1.3 MB of q/k/v
+  INFO(log);
+  const std::string last = log.substr(log.rfind('\n', log.size() - 2) + 1);
+  CHECK(last.rfind("error: capture '" + dir + "/c.h5': writing ", 0) == 0);
+  CHECK(last.find("No space left on device") != std::string::npos);
+  CHECK(log.find("H5Dclose failed\n") == std::string::npos);  // no HDF5 destructor noise, no crash
+  CHECK(test::read_file(dir + "/c.h5") == before);
+  CHECK_FALSE(fs::exists(dir + "/c.h5.partial"));
 }

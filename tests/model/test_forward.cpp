@@ -193,6 +193,46 @@ TEST_CASE("model_config: architectures, defaults and errors") {
   CHECK_THROWS_WITH_AS(parse_compute_dtype("int8"), doctest::Contains("--dtype 'int8'"), Error);
 }
 
+TEST_CASE("model_config: non-positive, non-integer and huge sizes are errors naming the file and key") {
+  nlohmann::json base = {{"model_type", "llama"},     {"hidden_size", 64},
+                         {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2},  {"intermediate_size", 96},
+                         {"vocab_size", 100},         {"max_position_embeddings", 512}};
+  CHECK(model_config_from_hf(base, "cfg.json").max_position_embeddings == 512);
+  nlohmann::json ok = base;
+  ok["hidden_size"] = 64.0;  // an integer written as a float
+  CHECK(model_config_from_hf(ok, "cfg.json").hidden_size == 64);
+  ok = base;
+  ok.erase("max_position_embeddings");  // absent: unknown, not an error
+  CHECK(model_config_from_hf(ok, "cfg.json").max_position_embeddings == 0);
+
+  auto fails = [&](const char* key, nlohmann::json value, const std::string& msg) {
+    nlohmann::json bad = base;
+    bad[key] = value;
+    INFO(key << " = " << value.dump());
+    CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"), doctest::Contains(msg.c_str()), Error);
+  };
+  fails("max_position_embeddings", 0, "cfg.json: key 'max_position_embeddings' must be a positive integer");
+  fails("max_position_embeddings", -5, "cfg.json: key 'max_position_embeddings' must be a positive integer");
+  fails("hidden_size", 64.5, "cfg.json: key 'hidden_size' must be an integer, found 64.5");
+  fails("num_hidden_layers", true, "cfg.json: key 'num_hidden_layers' must be an integer, found true");
+  fails("vocab_size", 0, "cfg.json: key 'vocab_size' = 0 is out of range: expected an integer in [1, ");
+  fails("num_hidden_layers", int64_t(2147483647), "key 'num_hidden_layers' = 2147483647 is out of range");
+  fails("num_attention_heads", -4, "key 'num_attention_heads' = -4 is out of range");
+
+  nlohmann::json md = {{"general.architecture", "llama"},     {"llama.embedding_length", 64},
+                       {"llama.block_count", 2},              {"llama.attention.head_count", 4},
+                       {"llama.feed_forward_length", 96},     {"llama.context_length", 512}};
+  CHECK(model_config_from_gguf(md, "x.gguf", 100).max_position_embeddings == 512);
+  md["llama.context_length"] = 0;
+  CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf", 100),
+                       doctest::Contains("x.gguf: key 'llama.context_length' must be a positive integer"), Error);
+  md["llama.context_length"] = 512;
+  md["llama.block_count"] = int64_t(2147483647);
+  CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf", 100),
+                       doctest::Contains("x.gguf: key 'llama.block_count' = 2147483647 is out of range"), Error);
+}
+
 // Skipped in the default (unit) run; CTest test `test_model_smollm2` (label `model`) runs it with
 // --no-skip. Needs the GGUF from data_scripts/get_smollm2.sh.
 TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip() *

@@ -4,6 +4,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/io/gguf.h"
 #include "kvlab/io/safetensors.h"
+#include "kvlab/model/model.h"
 #include "test_util.h"
 
 #include <doctest/doctest.h>
@@ -475,6 +476,34 @@ TEST_CASE("gguf: hostile headers") {
     CHECK_THROWS_WITH_AS(kvlab::gguf_dequantize(c.tensors[0]),
                          doctest::Contains("tensor 'w' has ggml type IQ2_XXS, which kvlab cannot dequantize"), Error);
   }
+}
+
+TEST_CASE("gguf: a huge block_count or a zero context_length names the file and the key") {
+  // A llama GGUF holding token_embd.weight (F32 [vocab 8, n_embd 4]) and output_norm.weight (F32
+  // [4]): all the loader reads before it sizes the layers; the config fails first.
+  auto file = [](uint32_t block_count, uint32_t context) {
+    GgufBuilder g(2, 6);
+    g.str("general.architecture").u32(8).str("llama");
+    g.str("llama.embedding_length").u32(4).u32(4);
+    g.str("llama.block_count").u32(4).u32(block_count);
+    g.str("llama.attention.head_count").u32(4).u32(2);
+    g.str("llama.feed_forward_length").u32(4).u32(8);
+    g.str("llama.context_length").u32(4).u32(context);
+    g.tensor("token_embd.weight", {4, 8}, 0, 0);
+    g.tensor("output_norm.weight", {4}, 0, 4 * 8 * 4);
+    return g.with_data(4 * 8 * 4 + 4 * 4);
+  };
+  const std::string dir = kvlab::test::temp_dir("gguf_bounds");
+  const std::string huge = dir + "/huge.gguf", zero_ctx = dir + "/ctx0.gguf";
+  write_bytes(huge, file(2147483647u, 512));
+  write_bytes(zero_ctx, file(2, 0));
+  // Was a bare std::bad_alloc (one LayerWeights per claimed layer).
+  CHECK_THROWS_WITH_AS(kvlab::load_model(huge),
+                       doctest::Contains((huge + ": key 'llama.block_count' = 2147483647 is out of range").c_str()), Error);
+  CHECK_THROWS_WITH_AS(kvlab::load_model(zero_ctx),
+                       doctest::Contains((zero_ctx + ": key 'llama.context_length' must be a positive integer (the "
+                                                     "model's context length), found 0").c_str()),
+                       Error);
 }
 
 TEST_CASE("gguf: q/k row permutation") {

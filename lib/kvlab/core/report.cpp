@@ -1,6 +1,11 @@
 #include "kvlab/core/report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,21 +15,65 @@
 
 namespace kvlab {
 
+namespace {
+
+// Writes all of `text` to the open descriptor `fd` and fsyncs it; returns 0 or the errno.
+int write_all_and_sync(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return ENOSPC;
+    done += static_cast<size_t>(n);
+  }
+  return ::fsync(fd) == 0 ? 0 : errno;
+}
+
+// fsync of a directory makes a rename in it durable; filesystems that cannot (EINVAL) are fine.
+void sync_dir(const std::string& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
 void write_text_atomic(const std::string& path, const std::string& text) {
   namespace fs = std::filesystem;
   fs::path p(path);
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    KVLAB_CHECK(out.good(), "cannot write '{}'", tmp);
-    out << text;
-    out.flush();
-    KVLAB_CHECK(out.good(), "write to '{}' failed (disk full?)", tmp);
-  }
   std::error_code ec;
+  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  KVLAB_CHECK(!ec, "cannot create the folder of '{}': {}", path, ec.message());
+  const std::string tmp = path + ".partial";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  KVLAB_CHECK(fd >= 0, "cannot write '{}': {}", tmp, std::strerror(errno));
+  int err = write_all_and_sync(fd, text);
+  if (::close(fd) != 0 && err == 0) err = errno;  // NFS and others may report a full disk only here
+  if (err != 0) {
+    fs::remove(tmp, ec);
+    KVLAB_FAIL("cannot write '{}': {}{}; {}", path, std::strerror(err),
+               err == ENOSPC || err == EDQUOT ? " (disk full)" : "",
+               fs::exists(path, ec) ? "the previous file is unchanged" : "nothing was written");
+  }
   fs::rename(tmp, path, ec);
-  KVLAB_CHECK(!ec, "cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    KVLAB_FAIL("cannot rename '{}' to '{}': {}", tmp, path, ec.message());
+  }
+  sync_dir(p.parent_path().string());
+}
+
+bool remove_stale_partial(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string partial = path + ".partial";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(partial, ec))) return false;
+  fs::remove(partial, ec);
+  KVLAB_CHECK(!ec, "cannot remove '{}', left by an interrupted run: {}", partial, ec.message());
+  return true;
 }
 
 void check_output_file(const std::string& path, const std::string& flag, const std::vector<std::string>& inputs,

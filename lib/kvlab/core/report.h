@@ -1,5 +1,5 @@
 // result.json: a google/benchmark-style `context` block plus self-describing `rows`, shared by
-// every subcommand. Written atomically (temp file + rename).
+// every subcommand. Written atomically (temp file, fsync, rename, fsync of the directory).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -9,9 +9,16 @@
 
 namespace kvlab {
 
-// Writes `j` to `path` via "<path>.partial" + rename, so a reader never sees half a file.
+// Writes `j` to `path` via "<path>.partial": written, fsync'd, renamed over `path`, and the
+// directory fsync'd, so a reader (or a machine that lost power) sees the old file or the new one,
+// never half of one. A failed write (a full disk: "No space left on device") is one kvlab::Error
+// naming the file and the system's reason; the partial file is removed and `path` left as it was.
 void write_json_atomic(const std::string& path, const nlohmann::json& j);
 void write_text_atomic(const std::string& path, const std::string& text);
+
+// A command killed before it finished leaves "<path>.partial" behind (its writer never got to
+// remove it). Removes that file; returns whether there was one, for the command to say so.
+bool remove_stale_partial(const std::string& path);
 
 // Before a command writes the file `path` (given by `flag`): refuses, with one line naming the
 // flag, a path that is one of `inputs` (a file, or any file inside an input directory: e.g. the

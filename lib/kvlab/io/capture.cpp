@@ -3,10 +3,14 @@
 #include "kvlab/io/capture.h"
 
 #include <H5Cpp.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -23,6 +27,15 @@ using namespace capture_detail;
 std::string h5_message(const H5::Exception& e) {
   std::string inner = take_hdf5_error();
   return inner.empty() ? e.getDetailMsg() : e.getDetailMsg() + ": " + inner;
+}
+
+// fsync of a file or a directory; a failure (a full disk that the close did not report) is an error.
+void sync_file(const std::string& p, const std::string& capture) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const int rc = ::fsync(fd), err = errno;
+  ::close(fd);
+  KVLAB_CHECK(rc == 0 || err == EINVAL, "capture '{}': fsync of '{}' failed: {}", capture, p, std::strerror(err));
 }
 
 // ---- attributes -------------------------------------------------------------------------------
@@ -89,6 +102,7 @@ struct CaptureWriter::Impl {
     auto ft = float_file_type(dtype);
     auto ds = g.createDataSet(name, ft, space, plist);
     if (c.numel() > 0) ds.write(c.data_ptr(), ft);
+    ds.close();  // chunks reach the disk here: a full disk throws now, in write_layer's catch
   }
 };
 
@@ -152,12 +166,16 @@ CaptureWriter::CaptureWriter(const std::string& path, CaptureMeta meta) : impl_(
 
 CaptureWriter::~CaptureWriter() {
   if (!impl_ || impl_->finished) return;
+  const std::string partial = impl_->partial;
   try {
     impl_->sample.reset();
     impl_->file.close();
   } catch (...) {
+    // HDF5 1.10 keeps the id of a file whose close failed (a full disk), and closing it again from
+    // H5File's destructor crashes inside H5F__close: the handles are left to the process's exit.
+    impl_.release();
   }
-  std::remove(impl_->partial.c_str());
+  std::remove(partial.c_str());
 }
 
 void CaptureWriter::begin_sample(const std::string& sample_id, const at::Tensor& tokens, int64_t n_q) {
@@ -223,9 +241,13 @@ void CaptureWriter::end_sample() {
   KVLAB_CHECK(m.written.size() == m.meta.layers.size(),
               "capture '{}': sample {} has {} of {} layers written", m.path, m.n_samples,
               m.written.size(), m.meta.layers.size());
-  m.sample.reset();
+  try {
+    m.sample.reset();
+    m.file.flush(H5F_SCOPE_GLOBAL);  // a write error here is one kvlab::Error, not std::terminate
+  } catch (const H5::Exception& e) {
+    KVLAB_FAIL("capture '{}': writing sample {}: {}", m.path, m.n_samples, h5_message(e));
+  }
   ++m.n_samples;
-  m.file.flush(H5F_SCOPE_GLOBAL);
 }
 
 void CaptureWriter::finish() {
@@ -239,10 +261,14 @@ void CaptureWriter::finish() {
   } catch (const H5::Exception& e) {
     KVLAB_FAIL("capture '{}': finishing: {}", m.path, h5_message(e));
   }
+  // On disk before the rename, so that the name never points at a capture a crash could lose.
+  sync_file(m.partial, m.path);
   std::error_code ec;
   std::filesystem::rename(m.partial, m.path, ec);
   KVLAB_CHECK(!ec, "capture: cannot rename '{}' to '{}': {}", m.partial, m.path, ec.message());
   m.finished = true;
+  const std::filesystem::path dir = std::filesystem::path(m.path).parent_path();
+  sync_file(dir.empty() ? "." : dir.string(), m.path);
 }
 
 }  // namespace kvlab

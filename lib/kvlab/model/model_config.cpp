@@ -4,6 +4,7 @@
 #include "kvlab/core/config.h"
 
 #include <cmath>
+#include <type_traits>
 
 namespace kvlab {
 
@@ -16,11 +17,29 @@ template <class T>
 T get_or(const json& j, const std::string& key, T fallback, const std::string& source) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // json's get<int64_t>() truncates 64.5 to 64 and turns true into 1: a size must be an integer
+    // (64.0 is one).
+    const bool integral = it->is_number_integer() ||
+                          (it->is_number_float() && std::isfinite(it->get<double>()) &&
+                           std::trunc(it->get<double>()) == it->get<double>() &&
+                           std::fabs(it->get<double>()) < 9.0e15);
+    KVLAB_CHECK(integral, "{}: key '{}' must be an integer, found {}", source, key, it->dump());
+    return it->is_number_integer() ? it->get<int64_t>() : static_cast<int64_t>(it->get<double>());
+  }
   try {
     return it->get<T>();
   } catch (const json::exception&) {
     KVLAB_FAIL("{}: key '{}' has the wrong type (found {})", source, key, it->dump());
   }
+}
+
+// A context length given in the file must be positive (absent = unknown, 0).
+int64_t context_length(const json& j, const std::string& key, const std::string& source) {
+  const int64_t n = get_or<int64_t>(j, key, 0, source);
+  KVLAB_CHECK(!j.contains(key) || j[key].is_null() || n > 0,
+              "{}: key '{}' must be a positive integer (the model's context length), found {}", source, key, n);
+  return n;
 }
 
 template <class T>
@@ -45,6 +64,19 @@ std::vector<int64_t> id_list(const json& j, const std::string& key, const std::s
   KVLAB_CHECK(it->is_number_integer(), "{}: '{}' must be an integer or a list, found {}", source,
               key, it->dump());
   return {it->get<int64_t>()};
+}
+
+// Bounds on sizes read from a config: far above any real model (Llama 3.1 405B: 126 layers, 128
+// heads, hidden 16384, vocabularies up to 256k), and low enough that a corrupted count cannot make
+// the loader allocate per-layer or per-head structures until the process dies (GGUF block_count =
+// 2^31-1 was a bare std::bad_alloc).
+constexpr int64_t kMaxLayers = 4096, kMaxHeads = 4096, kMaxWidth = int64_t(1) << 20, kMaxVocab = int64_t(1) << 24;
+
+// A size read from `key` must lie in [1, hi]; the error names the file and the key as written.
+int64_t checked_size(int64_t v, const std::string& key, int64_t hi, const std::string& source) {
+  KVLAB_CHECK(v >= 1 && v <= hi, "{}: key '{}' = {} is out of range: expected an integer in [1, {}]", source, key,
+              v, hi);
+  return v;
 }
 
 }  // namespace
@@ -111,15 +143,20 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   const std::string act = get_or<std::string>(cfg, "hidden_act", "silu", source);
   KVLAB_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (expected \"silu\")", source,
               act);
-  c.hidden_size = get_required<int64_t>(cfg, "hidden_size", source);
-  c.n_layers = get_required<int64_t>(cfg, "num_hidden_layers", source);
-  c.n_q_heads = get_required<int64_t>(cfg, "num_attention_heads", source);
-  c.n_kv_heads = get_or<int64_t>(cfg, "num_key_value_heads", c.n_q_heads, source);
+  auto size = [&](const char* key, int64_t hi) {
+    return checked_size(get_required<int64_t>(cfg, key, source), key, hi, source);
+  };
+  c.hidden_size = size("hidden_size", kMaxWidth);
+  c.n_layers = size("num_hidden_layers", kMaxLayers);
+  c.n_q_heads = size("num_attention_heads", kMaxHeads);
+  c.n_kv_heads = checked_size(get_or<int64_t>(cfg, "num_key_value_heads", c.n_q_heads, source),
+                              "num_key_value_heads", kMaxHeads, source);
   c.head_dim = get_or<int64_t>(cfg, "head_dim", 0, source);
-  if (c.head_dim == 0 && c.n_q_heads > 0) c.head_dim = c.hidden_size / c.n_q_heads;
-  c.intermediate_size = get_required<int64_t>(cfg, "intermediate_size", source);
-  c.vocab_size = get_required<int64_t>(cfg, "vocab_size", source);
-  c.max_position_embeddings = get_or<int64_t>(cfg, "max_position_embeddings", 0, source);
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.n_q_heads;
+  checked_size(c.head_dim, "head_dim", kMaxWidth, source);
+  c.intermediate_size = size("intermediate_size", kMaxWidth);
+  c.vocab_size = size("vocab_size", kMaxVocab);
+  c.max_position_embeddings = context_length(cfg, "max_position_embeddings", source);
   c.rms_norm_eps = get_or<double>(cfg, "rms_norm_eps", 1e-6, source);
   // transformers >= 5 may nest rope settings under "rope_parameters".
   json rope_params = cfg.contains("rope_parameters") ? cfg["rope_parameters"] : json(nullptr);
@@ -163,19 +200,25 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
   auto key = [&](const std::string& k) { return arch + "." + k; };
   ModelConfig c;
   c.architecture = arch;
-  c.hidden_size = get_required<int64_t>(md, key("embedding_length"), source);
-  c.n_layers = get_required<int64_t>(md, key("block_count"), source);
-  c.n_q_heads = get_required<int64_t>(md, key("attention.head_count"), source);
-  c.n_kv_heads = get_or<int64_t>(md, key("attention.head_count_kv"), c.n_q_heads, source);
+  auto size = [&](const std::string& k, int64_t hi) {
+    return checked_size(get_required<int64_t>(md, key(k), source), key(k), hi, source);
+  };
+  c.hidden_size = size("embedding_length", kMaxWidth);
+  c.n_layers = size("block_count", kMaxLayers);
+  c.n_q_heads = size("attention.head_count", kMaxHeads);
+  c.n_kv_heads = checked_size(get_or<int64_t>(md, key("attention.head_count_kv"), c.n_q_heads, source),
+                              key("attention.head_count_kv"), kMaxHeads, source);
   c.head_dim = get_or<int64_t>(md, key("attention.key_length"), 0, source);
-  if (c.head_dim == 0 && c.n_q_heads > 0) c.head_dim = c.hidden_size / c.n_q_heads;
+  if (c.head_dim == 0) c.head_dim = c.hidden_size / c.n_q_heads;
+  checked_size(c.head_dim, key("attention.key_length"), kMaxWidth, source);
   const int64_t rope_dims = get_or<int64_t>(md, key("rope.dimension_count"), c.head_dim, source);
   KVLAB_CHECK(rope_dims == c.head_dim,
               "{}: partial RoPE is not supported ({} = {}, head_dim = {})", source,
               key("rope.dimension_count"), rope_dims, c.head_dim);
-  c.intermediate_size = get_required<int64_t>(md, key("feed_forward_length"), source);
-  c.vocab_size = get_or<int64_t>(md, key("vocab_size"), n_vocab_fallback, source);
-  c.max_position_embeddings = get_or<int64_t>(md, key("context_length"), 0, source);
+  c.intermediate_size = size("feed_forward_length", kMaxWidth);
+  c.vocab_size = checked_size(get_or<int64_t>(md, key("vocab_size"), n_vocab_fallback, source), key("vocab_size"),
+                              kMaxVocab, source);
+  c.max_position_embeddings = context_length(md, key("context_length"), source);
   c.rms_norm_eps = get_or<double>(md, key("attention.layer_norm_rms_epsilon"), 1e-6, source);
   // GGUF stores eps as float32 (1e-5 reads back as 9.99999974738e-06); transformers' GGUF loader
   // passes that value on unchanged, so kvlab does too.

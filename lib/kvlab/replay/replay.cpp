@@ -52,7 +52,11 @@ ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Ten
 }
 
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p) {
-  auto qkv = cap.read_layer(sample, layer);
+  return load_unit(cap, sample, layer, p, cap.read_layer(sample, layer));
+}
+
+ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p,
+                     const LayerQKV& qkv) {
   at::Tensor q = qkv.q, k = qkv.k, v = qkv.v;  // [Hq, n_captured, d], [Hkv, n, d]
   const int h_kv = cap.meta().n_kv_heads, g = cap.meta().n_q_heads / h_kv;
   std::vector<int> heads = p.kv_heads;

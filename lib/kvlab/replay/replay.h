@@ -71,6 +71,10 @@ struct ReplayUnit {
 };
 
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p);
+// The same from that unit as already read (cap.read_layer(sample, layer)), e.g. after checking it
+// with find_nonfinite.
+ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p,
+                     const LayerQKV& qkv);
 // The same from tensors: q_all [Hq, n_captured, d] the queries of the last n_captured positions,
 // k, v [Hkv, n, d]; split into the two windows, moved to p.device, exact reference computed.
 ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Tensor& v,
