@@ -2,6 +2,7 @@
 # Short fuzzing run (the test-suite one): builds the libFuzzer targets with clang in build-fuzz/
 # and runs each for FUZZ_SECONDS (default 20) from the committed seed corpus tests/fixtures/fuzz_corpus/<name>/.
 # Usage: fuzz/run_short.sh [fuzzer names...]      (default: every fuzz_* target below)
+#        FUZZ_RUNS=1000000 fuzz/run_short.sh      (a fixed number of inputs per target instead)
 # Exit status is non-zero if a fuzzer finds a crash, a sanitizer report or a non-kvlab exception;
 # the reproducer is written to build-fuzz/artifacts/<name>/. See fuzz/README.md for the long run.
 set -euo pipefail
@@ -9,6 +10,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${KVLAB_FUZZ_BUILD:-$repo/build-fuzz}"
 seconds="${FUZZ_SECONDS:-20}"
+runs="${FUZZ_RUNS:-}"  # set: run each target for this many inputs instead of FUZZ_SECONDS (the sanitizer label)
 fuzzers=("$@")
 if [[ ${#fuzzers[@]} -eq 0 ]]; then
   mapfile -t fuzzers < <(sed -n 's/^kvlab_fuzzer(\(fuzz_[a-z0-9_]*\) .*/\1/p' "$repo/fuzz/CMakeLists.txt")
@@ -37,8 +39,10 @@ for f in "${fuzzers[@]}"; do
   seeds="$repo/tests/fixtures/fuzz_corpus/$f"
   dict=()
   [[ -f "$repo/fuzz/$f.dict" ]] && dict=(-dict="$repo/fuzz/$f.dict")
-  echo "[fuzz] $f for ${seconds}s" >&2
-  if ! "$build/$f" "$work" "$seeds" "${dict[@]}" -max_total_time="$seconds" -max_len=65536 \
+  budget=(-max_total_time="$seconds")
+  [[ -n "$runs" ]] && budget=(-runs="$runs")
+  echo "[fuzz] $f for ${runs:-${seconds}s}${runs:+ inputs}" >&2
+  if ! "$build/$f" "$work" "$seeds" "${dict[@]}" "${budget[@]}" -max_len=65536 \
        -rss_limit_mb=4096 -artifact_prefix="$art" -print_final_stats=1 2>"$build/$f.log"; then
     echo "[fuzz] $f FAILED; see $build/$f.log and $art" >&2
     tail -n 40 "$build/$f.log" >&2

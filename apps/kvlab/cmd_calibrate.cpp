@@ -33,6 +33,7 @@ namespace kvlab::cli {
 namespace {
 
 struct CalibrateChelseaOptions {
+  bool overwrite = false;
   std::string model;
   std::string text;
   int64_t samples = 8;
@@ -56,6 +57,7 @@ struct CalibrateChelseaOptions {
     f.add("chunk", chunk, "chunk size of the soft matching (chelsea's chunk)");
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("out", out, "output JSON (chelsea's `outliers` parameter reads it)").required();
+    f.add("overwrite", overwrite, "replace an existing --out file");
   }
 };
 
@@ -71,6 +73,7 @@ struct ScoreTap : QkvTap {
 };
 
 void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::json& effective) {
+  check_output_file(o.out, "--out", {o.model, o.text}, o.overwrite);
   KVLAB_CHECK(o.samples >= 1, "--samples must be >= 1, got {}", o.samples);
   KVLAB_CHECK(o.threshold > -1 && o.threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", o.threshold);
   KVLAB_CHECK(o.chunk >= 2, "--chunk must be >= 2, got {}", o.chunk);

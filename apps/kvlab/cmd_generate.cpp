@@ -21,6 +21,7 @@
 #include "commands.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/report.h"
 #include "kvlab/core/text.h"
 #include "kvlab/generate/branches.h"
 #include "kvlab/model/model.h"
@@ -51,6 +52,7 @@ struct GenerateCmdOptions {
   int64_t obs_queries = 256;
   int64_t seed = 42;
   bool prefill_only = false;
+  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
@@ -73,6 +75,7 @@ struct GenerateCmdOptions {
     f.add("keep_last", keep_last, "last prompt positions kept exact");
     f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
     f.add("seed", seed, "seed of random methods");
+    f.add("overwrite", overwrite, "replace an existing --logits-out file");
     f.add("prefill_only", prefill_only, "streaming methods too compress once after prefill and append decoded "
                                         "tokens exactly (default: they keep compressing while decoding)");
   }
@@ -123,6 +126,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
               "give exactly one of --prompt and --prompt-ids");
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
+  if (!o.logits_out.empty()) check_output_file(o.logits_out, "--logits-out", {o.model}, o.overwrite);
   // Branch settings are checked before the model loads.
   std::vector<MethodSpec> methods;
   std::vector<Budget> budgets;
@@ -190,10 +194,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   if (!o.logits_out.empty()) {
     nlohmann::json j = {{"model", model.id}, {"prompt_ids", prompt_ids}, {"generated_ids", out},
                         {"vocab_size", model.config.vocab_size}, {"logits", step_logits}};
-    std::ofstream f(o.logits_out);
-    KVLAB_CHECK(f.good(), "--logits-out {}: cannot open for writing", o.logits_out);
-    f << j.dump() << "\n";
-    KVLAB_CHECK(f.good(), "--logits-out {}: write failed", o.logits_out);
+    write_json_atomic(o.logits_out, j);
   }
   if (o.json) {
     nlohmann::json j = {{"model", model.id}, {"prompt_ids", prompt_ids}, {"generated_ids", out},

@@ -542,3 +542,24 @@ TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its 
   for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i)
     CHECK(a["aggregate"]["overall"][i]["rel_err"] == b["aggregate"]["overall"][i]["rel_err"]);
 }
+
+TEST_CASE("cli: generate --logits-out and calibrate --out never replace a file without --overwrite") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) {
+    MESSAGE("skipped: stories260K not found (set KVLAB_SHARED)");
+    return;
+  }
+  auto dir = test::temp_dir("kvlab_cli_outputs");
+  const std::string mine = dir + "/mine.json";
+  std::ofstream(mine) << "{\"keep\": true}\n";
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-ids 1,2,3 --max-new-tokens 2 --logits-out " + mine),
+                  "--logits-out " + mine + ": exists");
+  check_one_error(run_kvlab("calibrate chelsea --model " + model + " --text " + test::shared_dir() +
+                            "/data/wikitext2/wiki.test.raw --out " + mine),
+                  "--out " + mine + ": exists");
+  CHECK(read_json_file(mine)["keep"] == true);  // untouched
+  auto r = run_kvlab("generate --model " + model + " --prompt-ids 1,2,3 --max-new-tokens 2 --overwrite --logits-out " +
+                     mine);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(read_json_file(mine)["logits"].size() == 2);
+}
