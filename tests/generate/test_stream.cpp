@@ -72,13 +72,14 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
   const int n_layers = static_cast<int>(model.config.n_layers);
   const int64_t n = static_cast<int64_t>(kPrompt.size()), steps = 30, keep_first = 2;
   Prefill pre = run_prefill(model, kPrompt, 8);
-  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea", "cam", "subgen"}) {
+  for (const std::string name : {"h2o", "buzz", "buzz-interval", "buzz-logn", "streaming_llm", "local", "chelsea", "cam", "subgen", "balancekv-mr"}) {
     for (const Budget budget : {Budget::of_entries(16), Budget::of_ratio(0.5)}) {
       INFO("method=" << name << " " << budget.label());
       MethodSpec m;
       m.name = name;
       const nlohmann::json params = name == "chelsea"  ? nlohmann::json{{"interval", 4}}
                                     : name == "subgen" ? nlohmann::json{{"t", 2}}
+                                    : name == "balancekv-mr" ? nlohmann::json{{"t", 4}}
                                                        : nlohmann::json::object();
       m.compressor = make_compressor(name, params);
       BranchSpec spec{m, budget, 3, keep_first, 0};
@@ -161,7 +162,7 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
             CHECK(p.back() == n + steps - 1);
             CHECK(p[4] == n + steps - (cap - 4));
           }
-        } else if (name == "subgen") {
+        } else if (name == "subgen" || name == "balancekv-mr") {
           // Value samples carry log(mu/(s |v|^2)); the cache dropped what no sample refers to.
           CHECK(held < seen);
           CHECK(gen_den[l].keys.size(1) < seen);

@@ -46,17 +46,22 @@
 //   - Tokens with v = 0 contribute nothing to the numerator and join no numerator bucket.
 //   - Algorithm 1's typos read as: bucket 2^(i−1) ≤ ‖v‖ < 2^i (line 4), ε/(2n) (line 9).
 //   - Randomness: one std::mt19937_64 per KV head, seeded with (opt.seed, head).
+//   - Generation (start_stream, MrStream): every decoded token is appended to each head's state;
+//     T, t, c and the erasure rule's horizon n stay those of the prefill (the stream's final
+//     length is not known in advance), so the memory grows with the levels, not with a ratio.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "kvlab/compress/balancekv_mr.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/window_stream.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab::balancekv_mr {
@@ -201,6 +206,7 @@ class BalanceKVStream {
       for (int64_t id : den_.levels()[l]) out.emplace_back(id, static_cast<int>(l));
     return out;
   }
+  const TokenStore& store() const { return store_; }
   int64_t memory() const {
     int64_t m = den_.size();
     for (const auto& [i, mr] : num_) m += mr.size();
@@ -230,6 +236,76 @@ BalanceKVStream run_head(const at::Tensor& k, const at::Tensor& v, const MrConfi
   }
   return st;
 }
+
+// One layer of balancekv-mr while decoding (stream.h): each KV head's Algorithm 1 state, its
+// generator (seeded as in compress), and the numerator and denominator sets rebuilt from the
+// levels each step (bias = level · log 2; pos −1). The states' TokenStore keeps every token's k/v
+// in float64, as compress() does; the cache's memory is the levels (what bytes() counts).
+class MrStream final : public LayerStream {
+ public:
+  MrStream(const MrConfig& cfg, const LayerKV& kv, const at::Tensor& kc, const at::Tensor& vc, uint64_t seed)
+      : n_seen_(kv.n_tokens()), opts_(kv.keys.options()) {
+    const int64_t h = kv.n_kv_heads();
+    for (int64_t i = 0; i < h; ++i) {
+      std::seed_seq seq{seed, static_cast<uint64_t>(i)};
+      gens_.push_back(std::make_unique<std::mt19937_64>(seq));
+      heads_.push_back(std::make_unique<BalanceKVStream>(run_head(kc[i], vc[i], cfg, gens_.back().get())));
+    }
+    rebuild();
+  }
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t) override {
+    KVLAB_CHECK(k.size(1) == 1, "balancekv-mr: decoding pushes one token per step, got {}", k.size(1));
+    auto kc = k.to(at::kCPU, at::kDouble).contiguous(), vc = v.to(at::kCPU, at::kDouble).contiguous();
+    for (size_t i = 0; i < heads_.size(); ++i)
+      heads_[i]->append(kc.data_ptr<double>() + int64_t(i) * kc.size(2), vc.data_ptr<double>() + int64_t(i) * vc.size(2));
+    ++n_seen_;
+    rebuild();
+  }
+  void settle(const at::Tensor&, const at::Tensor&) override {}
+  const KVSet& held() const override { return num_; }
+  const KVSet* den() const override { return &den_; }
+  int64_t n_seen() const override { return n_seen_; }
+
+ private:
+  KVSet build(bool numerator) const {
+    const int64_t h = static_cast<int64_t>(heads_.size());
+    std::vector<std::vector<std::pair<int64_t, int>>> lists;
+    int64_t m = 1;
+    for (const auto& st : heads_) {
+      lists.push_back(numerator ? st->numerator() : st->denominator());
+      std::sort(lists.back().begin(), lists.back().end());
+      m = std::max<int64_t>(m, lists.back().size());
+    }
+    const int64_t d = heads_.front()->store().d, dv = heads_.front()->store().dv;
+    auto k = at::zeros({h, m, d}, at::kDouble), v = at::zeros({h, m, dv}, at::kDouble);
+    auto b = at::full({h, m}, -std::numeric_limits<double>::infinity(), at::kDouble);
+    for (int64_t i = 0; i < h; ++i) {
+      const TokenStore& s = heads_[i]->store();
+      for (size_t a = 0; a < lists[i].size(); ++a) {
+        const int64_t id = lists[i][a].first;
+        std::copy(s.k.begin() + id * d, s.k.begin() + (id + 1) * d, k[i][a].data_ptr<double>());
+        std::copy(s.v.begin() + id * dv, s.v.begin() + (id + 1) * dv, v[i][a].data_ptr<double>());
+        b[i][a] = lists[i][a].second * std::log(2.0);
+      }
+    }
+    KVSet out;
+    out.keys = k.to(opts_);
+    if (numerator) out.values = v.to(opts_);
+    out.bias = b.to(opts_);
+    out.pos = at::full({h, m}, -1, opts_.dtype(at::kLong));
+    return out;
+  }
+  void rebuild() {
+    num_ = build(true);
+    den_ = build(false);
+  }
+
+  std::vector<std::unique_ptr<std::mt19937_64>> gens_;  // stable addresses: the states point at them
+  std::vector<std::unique_ptr<BalanceKVStream>> heads_;
+  int64_t n_seen_;
+  at::TensorOptions opts_;
+  KVSet num_, den_;
+};
 
 // Smallest batch the budget search goes down to: SoftmaxBalance keeps the smaller sign class, so
 // tiny batches often keep nothing (t = 2: half the time) and the 2^l weights collapse.
@@ -263,21 +339,7 @@ class BalanceKVMR final : public Compressor {
     auto vc = kv.values.to(at::kCPU).contiguous();
     if (kc.scalar_type() != at::kDouble) kc = kc.to(at::kFloat), vc = vc.to(at::kFloat);
     MrConfig cfg;
-    cfg.t = t_;
-    cfg.T = default_T_;
-    cfg.epsilon = epsilon_;
-    cfg.r_fixed = r_;
-    cfg.horizon = std::max<int64_t>(n, 2);
-    const double delta = delta_ > 0 ? delta_ : 1.0 / static_cast<double>(cfg.horizon);
-    cfg.c = balance_c(cfg.horizon, delta);
-    if (opt.budget.is_halvings()) {
-      cfg.T = opt.budget.halvings;
-    } else if (opt.budget.is_set()) {
-      const int64_t budget = resolve_budget(opt, n);
-      if (budget >= n) return keep_all(kv);
-      fit_budget(kc, vc, budget, &cfg);
-    }
-    if (cfg.T == 0 || n < 2) return keep_all(kv);
+    if (!configure(kv, kc, vc, opt, &cfg)) return keep_all(kv);
 
     std::vector<std::vector<std::pair<int64_t, int>>> num(h_kv), den(h_kv);
     int64_t max_num = 1, max_den = 1;
@@ -312,7 +374,42 @@ class BalanceKVMR final : public Compressor {
     return out;
   }
 
+ // Generation: the region streamed as compress() does, then every decoded token appended to each
+  // head's Algorithm 1 state (T, t, c and the erasure horizon fixed from the prefill). When the
+  // budget keeps the whole region (ratio 1, T = 0) the cache stays exact.
+  std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
+    auto kc = kv.keys.to(at::kCPU).contiguous();
+    auto vc = kv.values.to(at::kCPU).contiguous();
+    if (kc.scalar_type() != at::kDouble) kc = kc.to(at::kFloat), vc = vc.to(at::kFloat);
+    MrConfig cfg;
+    if (!configure(kv, kc, vc, opt, &cfg)) return start_window_stream(kv, opt.budget, 0);
+    return std::make_unique<MrStream>(cfg, kv, kc, vc, opt.seed);
+  }
+
  private:
+  // Algorithm 1's parameters for this region and budget; false = keep everything exact.
+  bool configure(const LayerKV& kv, const at::Tensor& kc, const at::Tensor& vc, const CompressOptions& opt,
+                 MrConfig* out) const {
+    const int64_t n = kv.n_tokens();
+    MrConfig cfg;
+    cfg.t = t_;
+    cfg.T = default_T_;
+    cfg.epsilon = epsilon_;
+    cfg.r_fixed = r_;
+    cfg.horizon = std::max<int64_t>(n, 2);
+    const double delta = delta_ > 0 ? delta_ : 1.0 / static_cast<double>(cfg.horizon);
+    cfg.c = balance_c(cfg.horizon, delta);
+    if (opt.budget.is_halvings()) {
+      cfg.T = opt.budget.halvings;
+    } else if (opt.budget.is_set()) {
+      const int64_t budget = resolve_budget(opt, n);
+      if (budget >= n) return false;
+      fit_budget(kc, vc, budget, &cfg);
+    }
+    *out = cfg;
+    return cfg.T != 0 && n >= 2;
+  }
+
   // Smallest T (then smaller t) whose dry-run memory fits the budget; see the file comment.
   void fit_budget(const at::Tensor& kc, const at::Tensor& vc, int64_t budget, MrConfig* cfg) const {
     MrConfig best = *cfg;
