@@ -24,6 +24,7 @@ ALLOWED = {
     "replay": {"core", "io", "attention", "compress"},
     "cache": {"core", "attention", "compress"},
     "generate": {"core", "io", "attention", "tokenizer", "model", "compress", "cache"},
+    "tasks": {"core", "io", "attention", "tokenizer", "model", "compress", "cache", "generate", "eval"},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)

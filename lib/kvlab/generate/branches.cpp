@@ -91,6 +91,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     r.ids.push_back(next);
     if (opt.on_token) opt.on_token(next);
     if (opt.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    if (opt.stop_when && opt.stop_when(r.ids)) break;
   }
   r.decode_seconds = seconds_since(t0);
   r.kv_bytes_end = attn.bytes();

@@ -43,6 +43,7 @@ struct BranchOptions {
   bool stop_at_eos = true;
   std::function<void(int64_t step, const at::Tensor& logits)> on_logits;  // logits [vocab] of each choice
   std::function<void(int64_t id)> on_token;
+  std::function<bool(const std::vector<int64_t>& ids)> stop_when;  // after each token: stop here
   QkvTap* tap = nullptr;  // sees every decode step's q/k/v (tests drive the streams offline with them)
   std::function<void(const CompressedAttention&)> on_done;  // the cache as decoding left it
 };

@@ -1,0 +1,156 @@
+#include "kvlab/tasks/task_runner.h"
+
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "kvlab/core/check.h"
+#include "kvlab/eval/metrics/rouge_google.h"
+#include "kvlab/generate/branches.h"
+
+namespace kvlab {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The output text: decoded ids cut before the first stop string.
+std::string cut_at_stop(std::string text, const std::vector<std::string>& stop) {
+  size_t cut = text.size();
+  for (const auto& s : stop)
+    if (!s.empty()) cut = std::min(cut, text.find(s));
+  return text.substr(0, cut);
+}
+
+// Prediction lines already written: record id -> line.
+std::map<std::string, nlohmann::json> read_preds(const std::string& path) {
+  std::map<std::string, nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error&) {
+      // A line cut by a kill (the last one): the record runs again.
+      KVLAB_CHECK(f.peek() == EOF, "{}: line {} is not JSON (only the last line may be cut by an interruption)",
+                  path, n);
+      continue;
+    }
+    KVLAB_CHECK(j.is_object() && j.contains("id") && j["id"].is_string(), "{}: line {} has no string \"id\"", path, n);
+    out[j["id"].get<std::string>()] = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
+  if (method.name == "exact") return "exact";
+  std::string b = budget.label();
+  b.erase(std::remove(b.begin(), b.end(), '='), b.end());
+  return method.name + "_" + b;
+}
+
+nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
+                        const std::vector<TaskRecord>& records, const std::vector<TaskBranch>& branches,
+                        const TaskOptions& opt) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(!branches.empty() && branches.front().method.name == "exact",
+              "tasks: the first branch must be exact (the fidelity reference)");
+  std::vector<std::string> files;
+  std::vector<std::map<std::string, nlohmann::json>> done;
+  for (const auto& b : branches) {
+    fs::create_directories(opt.pred_dir + "/" + b.label);
+    files.push_back(opt.pred_dir + "/" + b.label + "/" + task.dataset + ".jsonl");
+    done.push_back(read_preds(files.back()));
+  }
+  // A cut last line is dropped from the file before appending (rewritten from the parsed lines).
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::ofstream f(files[i], std::ios::trunc);
+    for (const auto& r : records)
+      if (auto it = done[i].find(r.id); it != done[i].end()) f << it->second.dump() << "\n";
+    KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
+  }
+  std::vector<double> seconds(branches.size(), 0.0);
+  int64_t finished = 0;
+  for (const auto& r : records) {
+    bool all = true;
+    for (const auto& d : done) all = all && d.count(r.id);
+    if (all) {
+      if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id + " (done before)");
+      continue;
+    }
+    Prefill pre = run_prefill(model, r.prompt, opt.obs_queries);
+    std::string exact_out;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      if (auto it = done[i].find(r.id); it != done[i].end()) {
+        if (i == 0) exact_out = it->second["output"].get<std::string>();
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      BranchOptions bo;
+      bo.max_new_tokens = r.max_new_tokens;
+      bo.stop_at_eos = true;
+      if (!r.stop.empty())
+        bo.stop_when = [&](const std::vector<int64_t>& ids) {
+          const std::string text = tok.decode(ids, true);
+          for (const auto& s : r.stop)
+            if (!s.empty() && text.find(s) != std::string::npos) return true;
+          return false;
+        };
+      BranchSpec spec{branches[i].method, branches[i].budget, opt.seed, 0, 0};
+      BranchResult br = run_branch(model, pre, spec, bo);
+      const std::string out = cut_at_stop(tok.decode(br.ids, true), r.stop);
+      if (i == 0) exact_out = out;
+      nlohmann::json line = {{"id", r.id}, {"prompt_tokens", r.prompt.size()}, {"output", out}, {"gold", r.gold},
+                             {"generated_tokens", br.ids.size()}};
+      const nlohmann::json s = task.score(out, r.gold);
+      for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
+      line["same_as_exact"] = out == exact_out;
+      line["rougeL_vs_exact"] = eval::google_rouge(exact_out, out, false).rougeL.fmeasure;
+      line["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+                        (i == 0 ? pre.seconds : 0.0);
+      std::ofstream f(files[i], std::ios::app);
+      f << line.dump() << "\n";
+      f.flush();
+      KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
+      done[i][r.id] = line;
+    }
+    if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id);
+  }
+  // The summary, from every branch's lines over these records.
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < branches.size(); ++i) {
+    double score = 0, same = 0, rouge = 0, secs = 0;
+    for (const auto& r : records) {
+      const auto& l = done[i].at(r.id);
+      score += l["score"].get<double>();
+      same += l["same_as_exact"].get<bool>() ? 1.0 : 0.0;
+      rouge += l["rougeL_vs_exact"].get<double>();
+      secs += l["seconds"].get<double>();
+    }
+    const double n = std::max<double>(1.0, double(records.size()));
+    rows.push_back({{"branch", branches[i].label},
+                    {"method", branches[i].method.name},
+                    {"setting", branches[i].method.name == "exact" ? "full" : branches[i].budget.label()},
+                    {"params", branches[i].method.compressor->params()},
+                    {"dataset", task.dataset},
+                    {"n", records.size()},
+                    {"score", 100.0 * score / n},
+                    {"same_as_exact", same / n},
+                    {"rougeL_vs_exact", rouge / n},
+                    {"seconds_per_record", secs / n}});
+  }
+  return rows;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,65 @@
+// End-to-end task benchmarks (issue 11): records scored through compressed caches.
+//
+// For each record, one exact prefill is shared by the full cache and every (method, budget) branch
+// (generate/branches.h); each decodes greedily until EOS, a stop string or the record's token
+// limit. The task scores each output; beside the score, every branch's fidelity to the full cache
+// on the same record: whether its output equals the full cache's, and ROUGE-L F1 (rouge-score's
+// definition) of its output against the full cache's output. A small model near the floor on the
+// task itself still separates methods by fidelity.
+//
+// Outputs: pred/<branch>/<dataset>.jsonl, one line per record, appended and flushed as each record
+// finishes. A rerun over the same folder skips what every branch already has (a killed run loses
+// no finished record) and the summary is computed from the files, so it is the same either way.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvlab/compress/method_spec.h"
+#include "kvlab/model/model.h"
+#include "kvlab/tokenizer/tokenizer.h"
+
+namespace kvlab {
+
+struct TaskRecord {
+  std::string id;                 // unique within the dataset
+  std::vector<int64_t> prompt;    // token ids, chat template applied
+  int64_t max_new_tokens = 64;
+  std::vector<std::string> stop;  // stop strings besides EOS; the output is cut before the first
+  nlohmann::json gold;            // what the scorer needs
+};
+
+struct TaskSpec {
+  std::string dataset;  // the prediction file's name (without .jsonl)
+  // Scores one output: {"score": x in [0, 1], ...anything to keep in the prediction line}.
+  std::function<nlohmann::json(const std::string& output, const nlohmann::json& gold)> score;
+};
+
+struct TaskBranch {
+  std::string label;  // folder name under pred/: "exact", "h2o_ratio0.2", ...
+  MethodSpec method;
+  Budget budget;
+};
+
+// "exact" for the exact method, else "<method>_<budget label without '='>".
+std::string task_branch_label(const MethodSpec& method, const Budget& budget);
+
+struct TaskOptions {
+  std::string pred_dir;     // <run>/pred
+  uint64_t seed = 0;
+  int64_t obs_queries = 256;
+  std::function<void(int64_t done, int64_t total, const std::string& note)> progress;
+};
+
+// Runs every record through `branches` (the first must be exact: the fidelity reference) and
+// returns one summary row per branch: {"branch", "method", "setting", "dataset", "n", "score",
+// "same_as_exact", "rougeL_vs_exact", "seconds"}.
+nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
+                        const std::vector<TaskRecord>& records, const std::vector<TaskBranch>& branches,
+                        const TaskOptions& opt);
+
+}  // namespace kvlab
