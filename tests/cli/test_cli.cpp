@@ -163,7 +163,7 @@ TEST_CASE("cli: bad input gives one error line and a non-zero exit") {
   }
   SUBCASE("corrupted captures the fuzzer found (tests/fixtures/fuzz_corpus/fuzz_capture/crash_*.h5)") {
     for (const char* name : {"crash_attr_sizes_a", "crash_attr_sizes_b", "crash_huge_cache_entry",
-                             "crash_pipeline_name", "crash_unfiltered_chunk", "oom_metadata_length", "oom_4gib_h5c_protect"}) {
+                             "crash_pipeline_name", "crash_unfiltered_chunk", "oom_metadata_length", "oom_4gib_h5c_protect", "crash_masked_checksum"}) {
       INFO(name);
       auto p = test::fixtures_dir() + "/fuzz_corpus/fuzz_capture/" + name + ".h5";
       check_one_error(run_kvlab("inspect " + p), p);

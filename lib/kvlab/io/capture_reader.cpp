@@ -322,6 +322,13 @@ struct CaptureReader::Impl {
       size_t ncd = 0;
       if (pl.getFilter(i, flags, ncd, nullptr, 0, nullptr, config) == H5Z_FILTER_FLETCHER32) fletcher = i;
     }
+    // kvlab writes every chunk through shuffle, deflate and Fletcher32 (capture.cpp) and never masks
+    // a filter off: the checksum is checked first on read, so corrupted stored bytes never reach
+    // inflate. A pipeline without it, or a chunk that skips a filter, is corruption (seen: a chunk
+    // whose mask skipped the checksum inflated to less than a chunk, and HDF5 1.10 copied a full
+    // chunk out of it: a heap over-read in H5VM_memcpyvv).
+    expect(fletcher >= 0, "its filter pipeline holds no Fletcher32 checksum (kvlab writes shuffle, deflate and "
+           "Fletcher32)");
     const hsize_t bytes = chunk[0] * chunk[1] * chunk[2] * elem;  // <= max_chunk_bytes
     for (hsize_t a = hsize_t(h0) / chunk[0] * chunk[0]; a < hsize_t(h0 + nh); a += chunk[0])
       for (hsize_t b = 0; b < dims[1]; b += chunk[1])
@@ -335,6 +342,8 @@ struct CaptureReader::Impl {
           const uint64_t all = (uint64_t(1) << nfilters) - 1;  // nfilters <= 32 (H5Z_MAX_NFILTERS)
           const bool unfiltered = (mask & all) == all;
           const bool checksummed = fletcher >= 0 && !(mask & (1u << fletcher));
+          expect(mask == 0, "the chunk at [{}, {}, {}] skips filters (mask {:#x}); kvlab applies every one", a, b, c,
+                 mask);
           const hsize_t most = bytes + bytes / 100 + 64;  // deflate's worst case: a few bytes more
           expect((!unfiltered || size == bytes) && (!checksummed || size >= 4) && size <= most,
                  "the chunk at [{}, {}, {}] holds {} bytes for a {}-byte chunk{}", a, b, c, size, bytes,
