@@ -20,6 +20,7 @@
 #include "kvlab/generate/branches.h"
 #include "kvlab/io/synthetic.h"
 #include "kvlab/replay/replay.h"
+#include "kv_entries.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -34,19 +35,6 @@ MethodSpec method(const std::string& name) {
   m.name = name;
   m.compressor = make_compressor(name, nlohmann::json::object());
   return m;
-}
-
-// Per-head real entries of a set (bias > -inf), as (key row, bias) sorted by the key's first lane.
-std::vector<std::pair<std::vector<double>, double>> entries(const at::Tensor& keys, const at::Tensor& bias, int64_t h) {
-  std::vector<std::pair<std::vector<double>, double>> out;
-  auto k = keys[h].to(at::kDouble).contiguous();
-  for (int64_t j = 0; j < keys.size(1); ++j) {
-    const double b = bias[h][j].item<double>();
-    if (std::isinf(b)) continue;
-    out.emplace_back(std::vector<double>(k[j].data_ptr<double>(), k[j].data_ptr<double>() + k.size(1)), b);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 }  // namespace
@@ -95,7 +83,7 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
     auto gb = num.bias.narrow(1, keep_first, out.region.keys.size(1));
     auto rb = out.region.bias.defined() ? out.region.bias : at::zeros({2, out.region.keys.size(1)});
     for (int64_t h = 0; h < 2; ++h) {
-      auto ge = entries(gk, gb, h), re = entries(out.region.keys, rb, h);
+      auto ge = test::real_entries(gk, gb, h), re = test::real_entries(out.region.keys, rb, h);
       REQUIRE(ge.size() == re.size());
       for (size_t j = 0; j < ge.size(); ++j) {
         CHECK(ge[j].first == re[j].first);

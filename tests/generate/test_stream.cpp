@@ -20,6 +20,7 @@
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/core/check.h"
 #include "kvlab/generate/branches.h"
+#include "kv_entries.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -37,19 +38,6 @@ struct StepTap : QkvTap {
     q[layer].push_back(qq.clone()), k[layer].push_back(kk.clone()), v[layer].push_back(vv.clone());
   }
 };
-
-// Per-head real entries of a set (bias > -inf) as (key row, bias), sorted.
-std::vector<std::pair<std::vector<double>, double>> entries(const at::Tensor& keys, const at::Tensor& bias, int64_t h) {
-  std::vector<std::pair<std::vector<double>, double>> out;
-  auto k = keys[h].to(at::kDouble).contiguous();
-  for (int64_t j = 0; j < keys.size(1); ++j) {
-    const double b = bias[h][j].item<double>();
-    if (std::isinf(b)) continue;
-    out.emplace_back(std::vector<double>(k[j].data_ptr<double>(), k[j].data_ptr<double>() + k.size(1)), b);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::vector<int64_t> positions(const KVSet& s, int64_t h) {
   auto p = s.pos[h].contiguous();
@@ -117,7 +105,7 @@ TEST_CASE("decode-time streams: generation's cache after k steps equals the stat
           CompressedKV c = m.compressor->compress(region, co);
           auto cb = c.bias.defined() ? c.bias : at::zeros({c.keys.size(0), c.keys.size(1)});
           for (int64_t h = 0; h < c.keys.size(0); ++h)
-            CHECK(entries(s->held().keys, s->held().bias, h) == entries(c.keys, cb, h));
+            CHECK(test::real_entries(s->held().keys, s->held().bias, h) == test::real_entries(c.keys, cb, h));
         }
         const at::Tensor prefix = pre.k[l].narrow(1, 0, keep_first);
         for (int64_t i = 0; i < steps; ++i) {

@@ -267,33 +267,17 @@ class MrStream final : public LayerStream {
   int64_t n_seen() const override { return n_seen_; }
 
  private:
+  // The numerator or denominator set from the levels (padded_entry_set; bias = level · log 2).
   KVSet build(bool numerator) const {
-    const int64_t h = static_cast<int64_t>(heads_.size());
-    std::vector<std::vector<std::pair<int64_t, int>>> lists;
-    int64_t m = 1;
-    for (const auto& st : heads_) {
-      lists.push_back(numerator ? st->numerator() : st->denominator());
-      std::sort(lists.back().begin(), lists.back().end());
-      m = std::max<int64_t>(m, lists.back().size());
-    }
-    const int64_t d = heads_.front()->store().d, dv = heads_.front()->store().dv;
-    auto k = at::zeros({h, m, d}, at::kDouble), v = at::zeros({h, m, dv}, at::kDouble);
-    auto b = at::full({h, m}, -std::numeric_limits<double>::infinity(), at::kDouble);
-    for (int64_t i = 0; i < h; ++i) {
+    std::vector<std::vector<EntryRow>> heads(heads_.size());
+    for (size_t i = 0; i < heads_.size(); ++i) {
+      auto list = numerator ? heads_[i]->numerator() : heads_[i]->denominator();
+      std::sort(list.begin(), list.end());
       const TokenStore& s = heads_[i]->store();
-      for (size_t a = 0; a < lists[i].size(); ++a) {
-        const int64_t id = lists[i][a].first;
-        std::copy(s.k.begin() + id * d, s.k.begin() + (id + 1) * d, k[i][a].data_ptr<double>());
-        std::copy(s.v.begin() + id * dv, s.v.begin() + (id + 1) * dv, v[i][a].data_ptr<double>());
-        b[i][a] = lists[i][a].second * std::log(2.0);
-      }
+      for (const auto& [id, level] : list)
+        heads[i].push_back({s.k.data() + id * s.d, s.v.data() + id * s.dv, level * std::log(2.0)});
     }
-    KVSet out;
-    out.keys = k.to(opts_);
-    if (numerator) out.values = v.to(opts_);
-    out.bias = b.to(opts_);
-    out.pos = at::full({h, m}, -1, opts_.dtype(at::kLong));
-    return out;
+    return padded_entry_set(heads, heads_.front()->store().d, heads_.front()->store().dv, numerator, opts_);
   }
   void rebuild() {
     num_ = build(true);
@@ -334,7 +318,7 @@ class BalanceKVMR final : public Compressor {
   nlohmann::json params() const override { return params_; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    const int64_t h_kv = kv.n_kv_heads();
     auto kc = kv.keys.to(at::kCPU).contiguous();
     auto vc = kv.values.to(at::kCPU).contiguous();
     if (kc.scalar_type() != at::kDouble) kc = kc.to(at::kFloat), vc = vc.to(at::kFloat);

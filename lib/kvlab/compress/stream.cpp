@@ -1,5 +1,6 @@
 #include "kvlab/compress/stream.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -30,6 +31,28 @@ at::Tensor stream_attention_probs(const at::Tensor& q, const at::Tensor& query_p
   if (reduce == "sum") return probs.sum(1);
   KVLAB_CHECK(reduce == "mean", "stream: gqa_reduce must be mean, max or sum, got '{}'", reduce);
   return probs.mean(1);                                                                   // [Hkv, T, m]
+}
+
+KVSet padded_entry_set(const std::vector<std::vector<EntryRow>>& heads, int64_t d, int64_t dv, bool with_values,
+                       const at::TensorOptions& opts) {
+  const int64_t h = static_cast<int64_t>(heads.size());
+  int64_t m = 1;
+  for (const auto& rows : heads) m = std::max<int64_t>(m, rows.size());
+  auto k = at::zeros({h, m, d}, at::kDouble), v = at::zeros({h, m, dv}, at::kDouble);
+  auto b = at::full({h, m}, -std::numeric_limits<double>::infinity(), at::kDouble);
+  for (int64_t i = 0; i < h; ++i)
+    for (size_t a = 0; a < heads[i].size(); ++a) {
+      const EntryRow& e = heads[i][a];
+      std::copy(e.key, e.key + d, k[i][a].data_ptr<double>());
+      if (with_values) std::copy(e.value, e.value + dv, v[i][a].data_ptr<double>());
+      b[i][a] = e.bias;
+    }
+  KVSet out;
+  out.keys = k.to(opts);
+  if (with_values) out.values = v.to(opts);
+  out.bias = b.to(opts);
+  out.pos = at::full({h, m}, -1, opts.dtype(at::kLong));
+  return out;
 }
 
 KVSet gather_entries(const KVSet& s, const at::Tensor& keep) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvlab/attention/attention.h"
 
@@ -52,6 +53,19 @@ class LayerStream {
 // `reduce` ("mean" | "max" | "sum"), in float64 -> [Hkv, T, m].
 at::Tensor stream_attention_probs(const at::Tensor& q, const at::Tensor& query_pos, const at::Tensor& prefix_keys,
                                   const KVSet& held, double logit_scale, const std::string& reduce);
+
+// One entry of a set a method builds from its own state: float64 key and value rows (d and dv
+// values) and its log-weight.
+struct EntryRow {
+  const double* key;
+  const double* value;
+  double bias;
+};
+// Per-head entries -> one set padded with bias -inf to the longest head (at least one slot):
+// keys [Hkv, m, d], values [Hkv, m, dv] (only when `with_values`), bias [Hkv, m], pos -1 (every
+// entry visible to every later query), in `opts`.
+KVSet padded_entry_set(const std::vector<std::vector<EntryRow>>& heads, int64_t d, int64_t dv, bool with_values,
+                       const at::TensorOptions& opts);
 
 // Keeps `keep` [Hkv, m'] int64 (indices into the held entries, per head) of a set.
 KVSet gather_entries(const KVSet& s, const at::Tensor& keep);

@@ -208,26 +208,15 @@ class SubGenStream final : public LayerStream {
     for (auto it = store_[h].begin(); it != store_[h].end();)
       it = used.count(it->first) ? std::next(it) : store_[h].erase(it);
   }
-  // One set from (id, log-weight) lists per head, padded with -inf; values when `with_values`.
+  // One set from (id, log-weight) lists per head (padded_entry_set).
   KVSet build(const std::vector<std::vector<std::pair<int64_t, double>>>& lists, bool with_values) const {
-    const int64_t h = static_cast<int64_t>(lists.size());
-    int64_t m = 1;
-    for (const auto& l : lists) m = std::max<int64_t>(m, l.size());
-    auto k = at::zeros({h, m, d_}, at::kDouble), v = at::zeros({h, m, dv_}, at::kDouble);
-    auto b = at::full({h, m}, -std::numeric_limits<double>::infinity(), at::kDouble);
-    for (int64_t i = 0; i < h; ++i)
-      for (size_t a = 0; a < lists[i].size(); ++a) {
-        const auto& row = store_[i].at(lists[i][a].first);
-        std::copy(row.begin(), row.begin() + d_, k[i][a].data_ptr<double>());
-        std::copy(row.begin() + d_, row.end(), v[i][a].data_ptr<double>());
-        b[i][a] = lists[i][a].second;
+    std::vector<std::vector<EntryRow>> heads(lists.size());
+    for (size_t i = 0; i < lists.size(); ++i)
+      for (const auto& [id, w] : lists[i]) {
+        const auto& row = store_[i].at(id);  // [k | v]
+        heads[i].push_back({row.data(), row.data() + d_, w});
       }
-    KVSet out;
-    out.keys = k.to(opts_);
-    if (with_values) out.values = v.to(opts_);
-    out.bias = b.to(opts_);
-    out.pos = at::full({h, m}, -1, opts_.dtype(at::kLong));
-    return out;
+    return padded_entry_set(heads, d_, dv_, with_values, opts_);
   }
   void rebuild() {
     std::vector<std::vector<std::pair<int64_t, double>>> num, den;
@@ -325,7 +314,7 @@ class SubGen final : public Compressor {
   // (s, t and delta fixed from the prefill; the clusters keep opening as the keys require). A ratio
   // that keeps the whole region (ratio 1) keeps the cache exact.
   std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), d = kv.keys.size(2), dv = kv.values.size(2);
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), d = kv.keys.size(2);
     const bool entries = opt.budget.kind == Budget::Kind::entries;
     const int64_t budget = entries ? opt.budget.entries : opt.budget.entries_for(n);
     if (!entries && budget >= n) return start_window_stream(kv, opt.budget, 0);
