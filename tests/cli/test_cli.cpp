@@ -72,6 +72,12 @@ TEST_CASE("cli: --version and --help") {
   CHECK(v.out.find("LibTorch") != std::string::npos);
   CHECK(v.out.find("CUDA") != std::string::npos);
   CHECK(v.out.find("git ") != std::string::npos);
+  // kvlab re-executes itself with the passive OpenMP policy unless the user chose one (main.cpp).
+  std::string out;
+  CHECK(test::run_command("env -u OMP_WAIT_POLICY " + test::kvlab_bin() + " --version", &out) == 0);
+  CHECK(out.find("OpenMP wait policy PASSIVE") != std::string::npos);
+  CHECK(test::run_command("env OMP_WAIT_POLICY=active " + test::kvlab_bin() + " --version", &out) == 0);
+  CHECK(out.find("OpenMP wait policy active") != std::string::npos);
   auto h = run_kvlab("--help");
   CHECK(h.code == 0);
   for (auto cmd : {"inspect", "synth", "replay", "merge", "bench", "dump", "generate"}) {

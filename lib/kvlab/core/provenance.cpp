@@ -11,6 +11,8 @@
 #include <ctime>
 
 #include "kvlab/core/blas.h"
+
+#include <cstdlib>
 #include "kvlab/core/sha256.h"
 #include "kvlab_git_sha.h"  // generated at build time: KVLAB_GIT_SHA, KVLAB_GIT_DIRTY
 
@@ -83,6 +85,7 @@ nlohmann::json context_block(const std::string& device, uint64_t seed, const nlo
           {"build_type", build_type()},
           {"threads", at::get_num_threads()},
           {"blas", blas_json()},
+          {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default"},
           {"seed", seed},
           {"config", config},
           {"config_sha256", sha256_hex(config.dump())}};
