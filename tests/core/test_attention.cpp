@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvlab/attention/attention.h"
+#include "kvlab/attention/blocked_attention.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -120,6 +121,49 @@ TEST_CASE("attention with bias, per-head padding and a separate denominator set"
     auto ref2 = naive_attention(q, k, v, bias, kpos, qpos, dk, dbias, dpos);
     INFO("dtype=" << std::string(c10::toString(dtype)) << " max rel diff=" << test::max_rel_diff(z2, ref2, floor));
     CHECK(test::max_rel_diff(z2, ref2, floor) <= tol);
+  }
+}
+
+TEST_CASE("blocked attention equals the naive loop and the reference for any tile size") {
+  // The fast path (key tiles, online softmax) against the naive loop and attention_reference():
+  // tiles smaller than n, not dividing n, of one key, and larger than n; keys after some queries
+  // (the first tiles fully visible, later ones masked, one tile fully masked); -inf padding; a
+  // separate denominator set; per-head positions; logit scaling.
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    const int64_t hkv = 3, hq = 9, n = 70, nq = 6, d = 16, nd = 23;
+    at::manual_seed(11);
+    auto opt = at::TensorOptions().dtype(dtype);
+    auto q = at::randn({hq, nq, d}, opt), k = at::randn({hkv, n, d}, opt), v = at::randn({hkv, n, d}, opt);
+    auto bias = at::rand({hkv, n}, opt);
+    bias.index_put_({2, at::indexing::Slice(0, 9)}, -INFINITY);  // head 2: a whole tile of padding
+    auto dk = at::randn({hkv, nd, d}, opt);
+    auto dbias = at::rand({hkv, nd}, opt);
+    auto qpos = at::arange(40, 40 + nq);
+    auto kpos = at::arange(n);  // keys 46..69 lie after every query
+    auto dpos = at::arange(nd) * 3;
+    const double tol = dtype == at::kDouble ? 1e-9 : 2e-4;  // float: q pre-scaled, scores up to ~10
+    const double floor = dtype == at::kDouble ? 1e-3 : 1e-2;
+    AttentionOptions o;
+    o.query_pos = qpos;
+    KVSet num{k, v, bias, kpos}, den{dk, {}, dbias, dpos};
+    auto naive = naive_attention(q, k, v, bias, kpos, qpos, {}, {}, {});
+    auto naive_den = naive_attention(q, k, v, bias, kpos, qpos, dk, dbias, dpos);
+    for (int64_t block : {1, 7, 16, 64, 1000}) {
+      INFO("dtype=" << std::string(c10::toString(dtype)) << " block=" << block);
+      CHECK(test::max_rel_diff(attention_blocked(q, num, nullptr, o, block), naive, floor) <= tol);
+      CHECK(test::max_rel_diff(attention_blocked(q, num, &den, o, block), naive_den, floor) <= tol);
+      // Per-head positions and logit scaling: against the reference (the naive loop has neither).
+      KVSet per_head{k, v, bias, at::stack({kpos, kpos + 3, kpos - 50})};
+      AttentionOptions o2 = o;
+      o2.logit_scale = 1.7;
+      auto ref = attention_reference(q, per_head, &den, o2);
+      CHECK(test::max_rel_diff(attention_blocked(q, per_head, &den, o2, block), ref, floor) <= tol);
+      CHECK(test::max_rel_diff(attention_blocked(q, per_head, nullptr, o2, block),
+                               attention_reference(q, per_head, nullptr, o2), floor) <= tol);
+    }
+    // The check can fail: the mask matters across tiles.
+    AttentionOptions unmasked;
+    CHECK(test::max_rel_diff(attention_blocked(q, num, nullptr, unmasked, 16), naive, floor) > 1e-2);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kvlab/attention/blocked_attention.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -35,6 +36,11 @@ at::Tensor set_scores(const at::Tensor& qg, const KVSet& set, double scale, doub
 
 at::Tensor attention(const at::Tensor& q, const KVSet& num, const KVSet* den,
                      const AttentionOptions& opt) {
+  return attention_blocked(q, num, den, opt);
+}
+
+at::Tensor attention_reference(const at::Tensor& q, const KVSet& num, const KVSet* den,
+                               const AttentionOptions& opt) {
   KVLAB_CHECK(q.dim() == 3, "attention: q must be [n_q_heads, n_q, head_dim], got {} dims", q.dim());
   KVLAB_CHECK(num.keys.dim() == 3 && num.values.dim() == 3,
               "attention: keys/values must be [n_kv_heads, n, head_dim]");

@@ -28,8 +28,14 @@ struct AttentionOptions {
 
 // q [n_q_heads, n_q, head_dim] -> [n_q_heads, n_q, head_dim] in q's dtype.
 // `den`, when given, replaces the numerator set in the denominator (SubGen, BalanceKV theory).
+// Runs attention_blocked() (blocked_attention.h: key tiles, online softmax).
 at::Tensor attention(const at::Tensor& q, const KVSet& num, const KVSet* den = nullptr,
                      const AttentionOptions& opt = {});
+
+// The simple reference of attention(): the whole score matrix [n_kv_heads, g*n_q, n], one max,
+// exp, sum and matmul. Tests compare the blocked path with it.
+at::Tensor attention_reference(const at::Tensor& q, const KVSet& num, const KVSet* den = nullptr,
+                               const AttentionOptions& opt = {});
 
 // Exact causal attention where the queries are the last n_q of the n cached positions:
 // query i sits at position n - n_q + i and sees keys 0..n - n_q + i.
