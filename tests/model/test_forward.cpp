@@ -116,6 +116,42 @@ TEST_CASE("decode with the KV cache equals full recompute (float64)") {
   CHECK(cached.n_cached(0) == static_cast<int64_t>(seq.size()));
 }
 
+TEST_CASE("fused q/k/v and gate/up projections equal the separate ones") {
+  // forward()'s fast path (one GEMM for q/k/v, one for gate/up) against its reference
+  // (ForwardOptions::fused = false): every tiny architecture (biases, GQA, MHA) and stories260K.
+  std::vector<std::string> dirs;
+  for (const char* name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral"})
+    dirs.push_back(test::fixtures_dir() + "/tiny_models/" + name);
+  if (fs::exists(stories_dir())) dirs.push_back(stories_dir());
+  for (const std::string& dir : dirs) {
+    CAPTURE(dir);
+    c10::InferenceMode guard;
+    Model m = load_model(dir);
+    const LayerWeights& l = m.weights.layers[0];
+    // The separate weights are views into the fused ones (no copy to keep in step).
+    CHECK(l.wq.data_ptr() == l.wqkv.data_ptr());
+    CHECK(l.w_gate.data_ptr() == l.w_gate_up.data_ptr());
+    CHECK(l.wqkv.size(0) == (m.config.n_q_heads + 2 * m.config.n_kv_heads) * m.config.head_dim);
+    CHECK(l.bqkv.defined() == m.config.qkv_bias);
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < 37; ++i) ids.push_back(1 + (i * 7919) % (m.config.vocab_size - 1));
+    at::Tensor out[2];
+    RecordTap taps[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      ExactAttention attn(m.config.n_layers, /*query_block=*/16);
+      ForwardOptions fo;
+      fo.all_logits = true;
+      fo.fused = fused == 1;
+      taps[fused].layers = {0};
+      fo.tap = &taps[fused];
+      out[fused] = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [37, vocab]
+    }
+    CHECK(max_abs(out[0], out[1]) < 1e-4);
+    CHECK(out[0].argmax(-1).equal(out[1].argmax(-1)));
+    for (int i = 0; i < 3; ++i) CHECK(max_abs(taps[0].got[0][i], taps[1].got[0][i]) < 1e-5);  // q, k, v
+  }
+}
+
 TEST_CASE("causal_gqa_attention matches kvlab::attention with query_pos") {
   c10::InferenceMode guard;
   at::manual_seed(7);
@@ -134,7 +170,7 @@ TEST_CASE("causal_gqa_attention matches kvlab::attention with query_pos") {
     kv.pos = at::arange(n, at::kLong);
     AttentionOptions ao;
     ao.query_pos = at::arange(c.pos0, n, at::kLong);
-    at::Tensor ref = attention(q, kv, nullptr, ao);
+    at::Tensor ref = attention_reference(q, kv, nullptr, ao);  // whole score matrix
     CHECK(max_abs(got, ref) < 1e-12);
     at::Tensor ref2 = exact_attention(q, k, v, true);  // queries are the last T of n
     CHECK(max_abs(got, ref2) < 1e-12);

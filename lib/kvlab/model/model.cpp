@@ -52,9 +52,17 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = model.weights.layers[l];
     at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [T, hidden]
-    at::Tensor q = linear(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);   // [Hq, T, d]
-    at::Tensor k = linear(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
-    at::Tensor v = linear(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
+    at::Tensor q, k, v;
+    if (opt.fused && w.wqkv.defined()) {
+      at::Tensor qkv = linear(h, w.wqkv, w.bqkv);                            // [T, (Hq+2Hkv)*d]
+      q = qkv.narrow(1, 0, Hq * d).view({T, Hq, d}).transpose(0, 1);         // [Hq, T, d]
+      k = qkv.narrow(1, Hq * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
+      v = qkv.narrow(1, (Hq + Hkv) * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);
+    } else {
+      q = linear(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);            // [Hq, T, d]
+      k = linear(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+      v = linear(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+    }
     q = apply_rope(q, cos, sin);  // [Hq, T, d] contiguous
     k = apply_rope(k, cos, sin);  // [Hkv, T, d] contiguous
     v = v.contiguous();
@@ -64,7 +72,14 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
     a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
     x = x + linear(a, w.wo, w.bo);                                 // [T, hidden]
     at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]
-    at::Tensor g = at::silu(at::linear(h2, w.w_gate)) * at::linear(h2, w.w_up);  // [T, inter]
+    at::Tensor g;                                                  // [T, inter]
+    if (opt.fused && w.w_gate_up.defined()) {
+      at::Tensor gu = at::linear(h2, w.w_gate_up);                 // [T, 2*inter]
+      const int64_t inter = w.w_gate.size(0);
+      g = at::silu(gu.narrow(1, 0, inter)).mul_(gu.narrow(1, inter, inter));
+    } else {
+      g = at::silu(at::linear(h2, w.w_gate)) * at::linear(h2, w.w_up);
+    }
     x = x + at::linear(g, w.w_down);                               // [T, hidden]
   }
   if (!opt.logits) return at::Tensor();

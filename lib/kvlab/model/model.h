@@ -40,6 +40,11 @@ struct LayerWeights {
   at::Tensor w_down;     // [hidden, intermediate]
   at::Tensor attn_norm;  // [hidden]
   at::Tensor ffn_norm;   // [hidden]
+  // Fused projections, one GEMM each (set by the loader): wq, wk, wv are row views into wqkv and
+  // w_gate, w_up into w_gate_up, so the fused weights cost no memory.
+  at::Tensor wqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim, hidden]
+  at::Tensor bqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim] or undefined
+  at::Tensor w_gate_up;  // [2 * intermediate, hidden]
 };
 
 struct ModelWeights {
@@ -105,6 +110,7 @@ struct ForwardOptions {
   QkvTap* tap = nullptr;
   bool all_logits = false;  // false: logits of the last position only
   bool logits = true;       // false: skip the final norm and lm_head (dump needs only the taps)
+  bool fused = true;        // false: separate q/k/v and gate/up GEMMs (the fused path's reference)
 };
 
 // tokens int64 [T] at positions pos0 .. pos0+T-1 (the backend must hold exactly pos0 earlier

@@ -45,6 +45,25 @@ void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const std::st
 }
 
 // Moves the weights to the model's device/dtype and finishes the derived fields.
+// One matrix for q/k/v and one for gate/up (forward() runs one GEMM each); the separate weights
+// become row views into them, so nothing is stored twice.
+void fuse_projections(LayerWeights& l) {
+  const int64_t nq = l.wq.size(0), nk = l.wk.size(0), nv = l.wv.size(0), ni = l.w_gate.size(0);
+  l.wqkv = at::cat({l.wq, l.wk, l.wv}, 0);  // [nq + nk + nv, hidden]
+  l.wq = l.wqkv.narrow(0, 0, nq);
+  l.wk = l.wqkv.narrow(0, nq, nk);
+  l.wv = l.wqkv.narrow(0, nq + nk, nv);
+  if (l.bq.defined()) {
+    l.bqkv = at::cat({l.bq, l.bk, l.bv}, 0);  // [nq + nk + nv]
+    l.bq = l.bqkv.narrow(0, 0, nq);
+    l.bk = l.bqkv.narrow(0, nq, nk);
+    l.bv = l.bqkv.narrow(0, nq + nk, nv);
+  }
+  l.w_gate_up = at::cat({l.w_gate, l.w_up}, 0);  // [2 * intermediate, hidden]
+  l.w_gate = l.w_gate_up.narrow(0, 0, ni);
+  l.w_up = l.w_gate_up.narrow(0, ni, l.w_up.size(0));
+}
+
 void finish_model(Model& m, const ModelLoadOptions& opt) {
   auto to = [&](at::Tensor& t) {
     if (t.defined()) t = t.to(opt.device, opt.dtype).contiguous();
@@ -58,6 +77,7 @@ void finish_model(Model& m, const ModelLoadOptions& opt) {
     for (at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
                           &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm})
       to(*t);
+  for (auto& l : w.layers) fuse_projections(l);
   m.inv_freq = rope_inv_freq(m.config, w.rope_freqs).to(opt.device);
   m.dtype = opt.dtype;
   m.device = opt.device;
