@@ -1,5 +1,6 @@
 #include "kvlab/attention/blocked_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -10,7 +11,11 @@
 namespace kvlab {
 namespace {
 
-constexpr int64_t kDefaultBlock = 256;
+// Default tile: about 2^16 scores (256 KiB in float32, within L2), at least 256 keys so the GEMMs
+// stay wide; decoding (a few query rows) then takes thousands of keys per tile, few ATen calls.
+int64_t default_block(int64_t h_kv, int64_t rows) {
+  return std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(1, h_kv * rows), 256, 16384);
+}
 // The running max starts here rather than at -inf so that a row whose keys are all masked so far
 // gives e^(m−m') = 1, not NaN (the reference clamps its max the same way).
 constexpr double kNoMax = -1e30;
@@ -92,8 +97,8 @@ at::Tensor attention_blocked(const at::Tensor& q, const KVSet& num, const KVSet*
   KVLAB_CHECK(num.keys.size(1) > 0 && (den == nullptr || den->keys.size(1) > 0),
               "attention: an empty cache set ({} entries; denominator {})", num.keys.size(1),
               den ? std::to_string(den->keys.size(1)) : "none");
-  if (block <= 0) block = kDefaultBlock;
   const int64_t g = h_q / h_kv;
+  if (block <= 0) block = default_block(h_kv, g * n_q);
   const double scale = opt.scale > 0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(d));
   const at::ScalarType wt = is_reduced(q.scalar_type()) ? at::kFloat : q.scalar_type();
 

@@ -20,7 +20,7 @@
 namespace kvlab {
 
 // q [n_q_heads, n_q, head_dim] -> [n_q_heads, n_q, head_dim_v] in q's dtype. bf16/fp16 inputs are
-// computed in float32. `block` keys per tile (<= 0: the default, 256).
+// computed in float32. `block` keys per tile (<= 0: ~2^16 scores per tile, 256..16384 keys).
 at::Tensor attention_blocked(const at::Tensor& q, const KVSet& num, const KVSet* den,
                              const AttentionOptions& opt, int64_t block = 0);
 

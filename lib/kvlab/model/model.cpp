@@ -23,7 +23,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return w * y.to(x.scalar_type());
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+// x [T, in], w [out, in], b [out] or undefined -> [T, out]. One row (a decode step) goes through
+// a matrix-vector product: as a GEMM with M = 1, OpenBLAS packs the whole weight matrix on every
+// call (62% of decode time in sgemm_incopy), where GEMV reads it once.
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
+  if (x.size(0) == 1 && x.device().is_cpu()) {
+    at::Tensor y = at::mv(w, x.select(0, 0));  // [out]
+    if (b.defined()) y.add_(b);
+    return y.unsqueeze(0);                      // [1, out]
+  }
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
 
@@ -54,14 +62,14 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
     at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [T, hidden]
     at::Tensor q, k, v;
     if (opt.fused && w.wqkv.defined()) {
-      at::Tensor qkv = linear(h, w.wqkv, w.bqkv);                            // [T, (Hq+2Hkv)*d]
+      at::Tensor qkv = project(h, w.wqkv, w.bqkv);                            // [T, (Hq+2Hkv)*d]
       q = qkv.narrow(1, 0, Hq * d).view({T, Hq, d}).transpose(0, 1);         // [Hq, T, d]
       k = qkv.narrow(1, Hq * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
       v = qkv.narrow(1, (Hq + Hkv) * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);
     } else {
-      q = linear(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);            // [Hq, T, d]
-      k = linear(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
-      v = linear(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+      q = project(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);            // [Hq, T, d]
+      k = project(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+      v = project(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
     }
     q = apply_rope(q, cos, sin);  // [Hq, T, d] contiguous
     k = apply_rope(k, cos, sin);  // [Hkv, T, d] contiguous
@@ -70,22 +78,22 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
     if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, q, k, v);
     at::Tensor a = attn.attend(layer, q, k, v, pos0);              // [Hq, T, d]
     a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
-    x = x + linear(a, w.wo, w.bo);                                 // [T, hidden]
+    x = x + project(a, w.wo, w.bo);                                 // [T, hidden]
     at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]
     at::Tensor g;                                                  // [T, inter]
     if (opt.fused && w.w_gate_up.defined()) {
-      at::Tensor gu = at::linear(h2, w.w_gate_up);                 // [T, 2*inter]
+      at::Tensor gu = project(h2, w.w_gate_up);                 // [T, 2*inter]
       const int64_t inter = w.w_gate.size(0);
       g = at::silu(gu.narrow(1, 0, inter)).mul_(gu.narrow(1, inter, inter));
     } else {
-      g = at::silu(at::linear(h2, w.w_gate)) * at::linear(h2, w.w_up);
+      g = at::silu(project(h2, w.w_gate)) * project(h2, w.w_up);
     }
-    x = x + at::linear(g, w.w_down);                               // [T, hidden]
+    x = x + project(g, w.w_down);                               // [T, hidden]
   }
   if (!opt.logits) return at::Tensor();
   if (!opt.all_logits) x = x.narrow(0, T - 1, 1);                  // [1, hidden]
   x = rms_norm(x, model.weights.out_norm, cfg.rms_norm_eps);
-  at::Tensor logits = at::linear(x, model.weights.lm_head);         // [T or 1, vocab]
+  at::Tensor logits = project(x, model.weights.lm_head);         // [T or 1, vocab]
   return model.dtype == at::kDouble ? logits : logits.to(at::kFloat);
 }
 
