@@ -14,6 +14,11 @@
 // each sign class is a balanced half. The keep rule (balancekv.h `keep_rule`) keeps exactly ⌊n/2⌋
 // tokens with round weight 2 or 1; weights multiply across rounds.
 //
+// Cost (issue 13; replay, n = 4096: ~25 ms per (layer, KV head), ~43x uniform). Each of the T
+// rounds builds the b x b kernel of every block, O(n·b·d), and the self-balancing walk signs the
+// tokens of a block one after another (p_i depends on every earlier sign): b sequential steps per
+// round, batched over blocks as the release does. The walk's sequential signs are the method.
+//
 // Estimator. Default: each kept entry carries bias log(w), w its accumulated weight, in both the
 // numerator and the denominator (METHODS.md §3). `release_weights=true` gives the single-layer
 // notebook's form: it repeats every kept key 2^T times (so log 2^T on every compressed logit, in

@@ -17,6 +17,11 @@
 // interval too (Fig. 8b); `swap_strides` swaps s and ŝ (Fig. 8a). `buzz-logn` multiplies every
 // logit by log_512(n) (Eq. 7–8) through CompressedKV::logit_scale.
 //
+// Cost (issue 13; replay, n = 4096: ~28 ms per (layer, KV head), ~50x uniform; buzz-interval,
+// which needs no scores, ~1x). The accumulated scores cost O(n_q·n·d); the prefill then repeats
+// the eviction of Alg. 1 until the cache fits (Remark 2), each round depending on the survivors of
+// the last, so its cost is the number of rounds times the held size — inherent to the rule.
+//
 // Budget. Entry counts of BUZZ never depend on scores, so the prefill size is an integer function
 // of (n, k, w, T, s): buzz_prefill_size. Given a budget B < n, replay picks (w, T) as follows
 // (buzz_choose_layout): every window w in [0, B − k − 1] is tried; for each, the chain of old-sample

@@ -15,6 +15,11 @@
 // cluster samples, bias log(n_i/t)). The streaming state lives in subgen.h (`SubGenState`);
 // compress() appends the region's tokens to it one by one.
 //
+// Cost (issue 13; replay, n = 4096: ~31 ms per (layer, KV head), ~55x uniform). Algorithm 1 is a
+// streaming algorithm: each key is compared with the m cluster representatives so far (O(m·d))
+// and updates reservoirs, one token after another, because whether a key opens a cluster depends
+// on every earlier key. n dependent steps are the paper's design, not an implementation choice.
+//
 // Parameters:
 //   t             [8]    samples per cluster (Theorem 1: t = Ω(ε⁻²e^{2δr} log n))
 //   s             [0]    value samples; 0 = budget − m·t (the rest of the budget)
