@@ -1,2 +1,3 @@
-# End-to-end task benchmarks (tasks/): LongEval's scorer and the resumable runner.
-kvlab_test(test_tasks SOURCES tasks/test_longeval.cpp LIBS kvlab_tasks LABELS unit)
+# End-to-end task benchmarks (tasks/): LongEval's and NIAH's scorers, the resumable runner, kvlab niah.
+kvlab_test(test_tasks SOURCES tasks/test_longeval.cpp tasks/test_niah.cpp LIBS kvlab_tasks LABELS unit)
+add_dependencies(test_tasks kvlab)

@@ -20,6 +20,7 @@ void setup_bench_compress(CLI::App& app);  // cmd_bench_compress.cpp: kvlab benc
 void setup_calibrate(CLI::App& app);  // cmd_calibrate.cpp: kvlab calibrate chelsea
 void setup_bench_generate(CLI::App& app);  // cmd_bench_generate.cpp: kvlab bench generate
 void setup_longeval(CLI::App& app);  // cmd_longeval.cpp: LongEval line retrieval
+void setup_niah(CLI::App& app);      // cmd_niah.cpp: needle in a haystack
 void setup_ppl(CLI::App& app);       // cmd_ppl.cpp: perplexity and fidelity through streamed caches
 
 // The `kvlab bench` group; benchmark subcommands in other files attach to it.

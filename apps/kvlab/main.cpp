@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_calibrate(app);
   kvlab::cli::setup_ppl(app);
   kvlab::cli::setup_longeval(app);
+  kvlab::cli::setup_niah(app);
   kvlab::cli::setup_bench_generate(app);
 
   // Global settings take effect before any subcommand callback runs.

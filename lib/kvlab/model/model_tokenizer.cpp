@@ -54,6 +54,12 @@ ModelTemplateInfo model_template_info(const ModelSource& src) {
 std::string apply_model_chat_template(const std::string& flag_value, const ModelSource& src,
                                       const Tokenizer& tok, const std::string& prompt,
                                       std::string* resolved_name) {
+  return apply_model_chat_messages(flag_value, src, tok, {ChatMessage{"user", prompt}}, resolved_name);
+}
+
+std::string apply_model_chat_messages(const std::string& flag_value, const ModelSource& src,
+                                      const Tokenizer& tok, const std::vector<ChatMessage>& msgs,
+                                      std::string* resolved_name) {
   ChatTemplateHints hints;
   hints.tokenizer = &tok;
   std::string name = flag_value;
@@ -64,8 +70,7 @@ std::string apply_model_chat_template(const std::string& flag_value, const Model
   }
   name = resolve_chat_template(flag_value, hints);
   if (resolved_name) *resolved_name = name;
-  if (name == "none") return prompt;
-  return apply_chat_template(name, {ChatMessage{"user", prompt}}, /*add_generation_prompt=*/true);
+  return apply_chat_template(name, msgs, /*add_generation_prompt=*/true);
 }
 
 }  // namespace kvlab

@@ -27,4 +27,9 @@ std::string apply_model_chat_template(const std::string& flag_value, const Model
                                       const Tokenizer& tok, const std::string& prompt,
                                       std::string* resolved_name = nullptr);
 
+// The same for a conversation (system and user messages); "none" joins the contents with "\n".
+std::string apply_model_chat_messages(const std::string& flag_value, const ModelSource& src,
+                                      const Tokenizer& tok, const std::vector<ChatMessage>& msgs,
+                                      std::string* resolved_name = nullptr);
+
 }  // namespace kvlab

@@ -131,8 +131,10 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < branches.size(); ++i) {
     double score = 0, same = 0, rouge = 0, secs = 0;
+    nlohmann::json per_record = nlohmann::json::object();
     for (const auto& r : records) {
       const auto& l = done[i].at(r.id);
+      per_record[r.id] = l["score"];
       score += l["score"].get<double>();
       same += l["same_as_exact"].get<bool>() ? 1.0 : 0.0;
       rouge += l["rougeL_vs_exact"].get<double>();
@@ -148,7 +150,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                     {"score", 100.0 * score / n},
                     {"same_as_exact", same / n},
                     {"rougeL_vs_exact", rouge / n},
-                    {"seconds_per_record", secs / n}});
+                    {"seconds_per_record", secs / n},
+                    {"record_scores", per_record}});
   }
   return rows;
 }

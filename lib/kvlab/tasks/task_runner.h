@@ -57,7 +57,7 @@ struct TaskOptions {
 
 // Runs every record through `branches` (the first must be exact: the fidelity reference) and
 // returns one summary row per branch: {"branch", "method", "setting", "dataset", "n", "score",
-// "same_as_exact", "rougeL_vs_exact", "seconds"}.
+// "same_as_exact", "rougeL_vs_exact", "seconds_per_record", "record_scores": {id: score}}.
 nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
                         const std::vector<TaskRecord>& records, const std::vector<TaskBranch>& branches,
                         const TaskOptions& opt);

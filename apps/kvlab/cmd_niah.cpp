@@ -1,0 +1,114 @@
+// kvlab niah --model M [--lengths 1024,2048,4096,8192] [--depths 0,25,50,75,100] [--method a,b]
+//            (--ratio r | --budget N | --T t) [--needle S] [--question S] [--key-phrase S]
+//            [--haystack-dir D] [--max-new-tokens 64] [--out DIR | --results-dir D --name N]
+// Needle in a haystack (tasks/niah.h) through compressed caches: every (length, depth) cell is one
+// record with one exact prefill shared by the full cache and every (method, budget) branch; the
+// score is whether the output holds the needle's key phrase, with fidelity to the full cache
+// beside it. Predictions in <out>/pred/<branch>/niah.jsonl (a rerun with the same --out resumes);
+// the grid of every branch in result.json ("grid") and printed, depth rows by length columns.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "command.h"
+#include "commands.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/provenance.h"
+#include "kvlab/model/model_tokenizer.h"
+#include "kvlab/tasks/niah.h"
+#include "task_command.h"
+
+namespace kvlab::cli {
+namespace {
+
+const char* kSystem = "You are a helpful AI bot that answers questions for a user. Keep your response short and direct";
+
+struct NiahOptions {
+  TaskCommonOptions common{"niah"};
+  std::vector<int64_t> lengths = {1024, 2048, 4096, 8192};
+  std::vector<double> depths = {0, 25, 50, 75, 100};
+  std::string haystack_dir = "../shared/data/niah/PaulGrahamEssays";
+  NiahSpec spec;
+  int64_t max_new_tokens = 64;
+  void fields(FieldList& f) {
+    f.add("lengths", lengths, "context lengths in tokens (the prompt, question included)");
+    f.add("depths", depths, "needle depths, percent of the context (0 = start, 100 = end)");
+    f.add("haystack_dir", haystack_dir, "folder of the haystack essays (*.txt, read in name order)");
+    f.add("needle", spec.needle, "the needle sentence");
+    f.add("question", spec.question, "the retrieval question");
+    f.add("key_phrase", spec.key_phrase, "an output holding this phrase (case-insensitive) scores 1");
+    f.add("max_new_tokens", max_new_tokens, "tokens generated per cell");
+    common.fields(f);
+  }
+};
+
+// Depth rows by length columns of one branch's scores, as text.
+std::string grid_text(const NiahOptions& o, const nlohmann::json& scores) {
+  std::string s = fmt::format("{:>8}", "depth");
+  for (int64_t L : o.lengths) s += fmt::format(" {:>7}", L);
+  s += "\n";
+  for (double d : o.depths) {
+    s += fmt::format("{:>7g}%", d);
+    for (int64_t L : o.lengths) {
+      const std::string id = fmt::format("len{}_depth{:g}", L, d);
+      s += scores.contains(id) ? fmt::format(" {:>7g}", scores[id].get<double>()) : fmt::format(" {:>7}", "-");
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
+  KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
+  KVLAB_CHECK(!o.lengths.empty() && !o.depths.empty(), "give --lengths and --depths (one value at least)");
+  KVLAB_CHECK(!o.spec.key_phrase.empty(), "--key-phrase must not be empty");
+  const auto branches = task_branches(o.common);
+  const std::string haystack = read_haystack(o.haystack_dir);
+  auto tm = load_task_model(o.common);
+  const auto& c = o.common;
+  for (int64_t L : o.lengths)
+    KVLAB_CHECK(tm->context <= 0 || L + o.max_new_tokens <= tm->context,
+                "--lengths: {} tokens with --max-new-tokens {} exceed {}'s context of {}", L, o.max_new_tokens,
+                tm->model.id, tm->context);
+
+  std::vector<TaskRecord> records;
+  for (int64_t L : o.lengths)
+    for (double d : o.depths) {
+      const NiahCase nc = make_niah_case(tm->tok, haystack, o.spec, L, d);
+      TaskRecord r;
+      r.id = nc.id;
+      r.prompt = tm->tok.encode(
+          apply_model_chat_messages(c.chat_template, tm->src, tm->tok,
+                                    {{"system", kSystem},
+                                     {"user", nc.context},
+                                     {"user", o.spec.question + " Don't give information outside the document or "
+                                                                 "repeat your findings"}}),
+          /*add_bos=*/true);
+      r.max_new_tokens = o.max_new_tokens;
+      r.gold = {{"needle", o.spec.needle}, {"key_phrase", o.spec.key_phrase}, {"length", L}, {"depth", d},
+                {"needle_token", nc.needle_token}, {"context_tokens", nc.context_tokens}};
+      records.push_back(std::move(r));
+    }
+
+  RunDir run(c.out.empty() ? c.results_dir : c.out, c.name, effective, !c.out.empty(), c.overwrite);
+  auto ctx = context_block(c.device, static_cast<uint64_t>(c.seed), effective);
+  ctx["model_id"] = tm->model.id;
+  nlohmann::json rows = nlohmann::json::array();
+  run_task_dataset(c, *tm, run, ctx, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
+  for (const auto& row : rows)
+    std::cout << row["branch"].get<std::string>() << " (score: needle found)\n" << grid_text(o, row["record_scores"]) << "\n";
+  std::cout << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "seconds_per_record"});
+  fmt::print(stderr, "[niah] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
+}
+
+}  // namespace
+
+void setup_niah(CLI::App& app) {
+  add_command<NiahOptions>(app, "niah",
+                           "Needle in a haystack through compressed caches: a length x depth grid per method, "
+                           "scores and fidelity to the full cache",
+                           run_niah);
+}
+
+}  // namespace kvlab::cli

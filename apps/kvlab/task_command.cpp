@@ -1,0 +1,77 @@
+#include "task_command.h"
+
+#include "kvlab/compress/method_spec.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/device.h"
+#include "kvlab/core/progress.h"
+#include "kvlab/model/model_tokenizer.h"
+
+namespace kvlab::cli {
+
+void TaskCommonOptions::fields(FieldList& f) {
+  f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)");
+  f.add("method", method, "comma-separated methods; exact (the fidelity reference) is added first if missing");
+  f.add("ratio", ratio, "fractions of the prompt kept, e.g. 0.2 (or --budget / --T)");
+  f.add("budget", budget, "entries kept per KV head");
+  f.add("T", T, "halvings for halving methods");
+  f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
+  f.add("params", params, "config only: {\"method\": {\"key\": value}}");
+  f.add("chat_template", chat_template, "none | auto | a template name");
+  f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
+  f.add("seed", seed, "seed of random methods");
+  f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+  f.add("device", device, "cpu | cuda | cuda:N");
+  f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>); the same --out resumes");
+  f.add("name", name, "experiment name (the results subfolder)");
+  f.add("results_dir", results_dir, "base directory of results");
+  f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+  f.add("quiet", quiet, "no progress output");
+}
+
+std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
+  KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+  std::string names = o.method;
+  if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
+  auto methods = build_methods(names, o.param, o.params);
+  std::vector<Budget> budgets;
+  if (methods.size() > 1) budgets = budget_settings(o.ratio, o.budget, o.T);
+  std::vector<TaskBranch> branches;
+  for (const auto& m : methods) {
+    if (m.name == "exact") {
+      branches.insert(branches.begin(), {"exact", m, Budget::of_ratio(1.0)});
+      continue;
+    }
+    for (const auto& b : budgets) branches.push_back({task_branch_label(m, b), m, b});
+  }
+  return branches;
+}
+
+std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o) {
+  ModelLoadOptions lo;
+  lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.device = parse_device(o.device, "--device");
+  ModelSource src = resolve_model(o.model, "--model");
+  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Tokenizer tok = load_model_tokenizer(src);
+  const int64_t context = model.config.max_position_embeddings;
+  return std::make_unique<TaskModel>(TaskModel{src, std::move(model), std::move(tok), context});
+}
+
+nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,
+                                const nlohmann::json& ctx, const TaskSpec& task,
+                                const std::vector<TaskRecord>& records,
+                                const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last) {
+  TaskOptions to;
+  to.pred_dir = run.file("pred");
+  to.seed = static_cast<uint64_t>(o.seed);
+  to.obs_queries = o.obs_queries;
+  Progress progress(o.name + " " + task.dataset, int64_t(records.size()), !o.quiet);
+  to.progress = [&](int64_t, int64_t, const std::string& note) { progress.advance(1, note); };
+  nlohmann::json got = run_task(tm.model, tm.tok, task, records, branches, to);
+  for (auto& row : got) rows.push_back(row);
+  progress.finish();
+  run.write_result(ctx, rows, {{"complete", last}});
+  return got;
+}
+
+}  // namespace kvlab::cli

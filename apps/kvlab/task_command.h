@@ -1,0 +1,61 @@
+// What the end-to-end benchmark commands (longeval, niah; longbench and summarize to come) share:
+// the model and (method, budget) flags, the branches with exact first (the fidelity reference),
+// the loaded model and tokenizer, the run folder, and one dataset's run with progress.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvlab/core/config.h"
+#include "kvlab/core/report.h"
+#include "kvlab/model/model.h"
+#include "kvlab/tasks/task_runner.h"
+#include "kvlab/tokenizer/tokenizer.h"
+
+namespace kvlab::cli {
+
+struct TaskCommonOptions {
+  std::string model = "smollm2-135m";
+  std::string method = "exact";
+  std::vector<double> ratio;
+  std::vector<int64_t> budget;
+  std::vector<int64_t> T;
+  std::vector<std::string> param;
+  nlohmann::json params = nlohmann::json::object();
+  std::string chat_template = "auto";
+  int64_t obs_queries = 256;
+  int64_t seed = 42;
+  std::string dtype = "fp32";
+  std::string device = "cpu";
+  std::string out;
+  std::string name;  // set by the command ("longeval", "niah", ...)
+  std::string results_dir = "results";
+  bool overwrite = false;
+  bool quiet = false;
+  explicit TaskCommonOptions(std::string experiment) : name(std::move(experiment)) {}
+  void fields(FieldList& f);
+};
+
+// exact first, then every (method, budget); exact is added when --method lacks it.
+std::vector<TaskBranch> task_branches(const TaskCommonOptions& o);
+
+struct TaskModel {
+  ModelSource src;
+  Model model;
+  Tokenizer tok;
+  int64_t context = 0;  // the model's context (max_position_embeddings; 0 = unknown)
+};
+std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o);
+
+// Runs one dataset's records through the branches with a progress line, then rewrites
+// result.json with every row so far (`complete` when this was the last dataset).
+nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,
+                                const nlohmann::json& ctx, const TaskSpec& task,
+                                const std::vector<TaskRecord>& records,
+                                const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last);
+
+}  // namespace kvlab::cli
