@@ -47,7 +47,9 @@ TEST_CASE("niah: the needle sits whole at its depth, after a period, in a contex
       if (d == 100) CHECK(c.needle_token == c.context_tokens - int64_t(needle.size()));
       if (d > 0 && d < 100) {
         CHECK(at <= d / 100 + 1e-9);        // moved back, never forward
-        CHECK(at > d / 100 - 0.15);         // to the nearest sentence end before it
+        // To the nearest sentence end before it (at 300 tokens the first essay's opening has
+        // few full stops, so the needle may move far back there, as in the original).
+        if (L >= 1000) CHECK(at > d / 100 - 0.15);
         // The text before the needle ends with the "." token.
         const std::string before = c.context.substr(0, c.context.find(spec.needle));
         const auto before_ids = tok.encode(before, false);
