@@ -1,5 +1,7 @@
-# Tests of the analyses (issue 12): t-SNE and trustworthiness.
+# Tests of the analyses (issue 12): t-SNE, trustworthiness, clusterability, figures.
 kvlab_test(test_analysis
-  SOURCES analysis/test_tsne.cpp
+  SOURCES analysis/test_tsne.cpp analysis/test_clusterability.cpp analysis/test_figure.cpp
+          analysis/test_commands.cpp
   LIBS kvlab_analysis
   LABELS unit)
+add_dependencies(test_analysis kvlab)

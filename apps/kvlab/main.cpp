@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_ppl(app);
   kvlab::cli::setup_longeval(app);
   kvlab::cli::setup_bench_generate(app);
+  kvlab::cli::setup_tsne(app);
+  kvlab::cli::setup_clusterability(app);
 
   // Global settings take effect before any subcommand callback runs.
   app.parse_complete_callback([&] {
