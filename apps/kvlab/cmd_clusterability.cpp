@@ -5,11 +5,14 @@
 // the silhouette of the k-center partition; and the query norms of ClusterGen Table 1 (mean ‖q‖₂
 // per prompt, its mean over prompts with a 95% CI, its trend with position). Writes result.json
 // (rows per (sample, layer, head, keys|values); "query_norms"; "keys_vs_values" per layer),
-// radius_curve.csv and summary.txt.
+// radius_curve.csv (r(k)/diameter per layer and kind: mean, min, max over samples and heads) and
+// summary.txt.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <iostream>
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "command.h"
@@ -77,7 +80,6 @@ nlohmann::json cluster_row(const Clusterability& c) {
     curves.push_back({{"fraction", d.fraction}, {"delta", d.delta}, {"n", d.n}, {"m", d.m},
                       {"exponent", d.fit.exponent}, {"r2", d.fit.r2}, {"fit_points", d.fit.n_points}});
   }
-  r["radius_ratio"] = c.radius_ratio;
   r["delta_curves"] = curves;
   return r;
 }
@@ -98,7 +100,8 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
 
   RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
   nlohmann::json rows = nlohmann::json::array(), qnorms = nlohmann::json::array();
-  std::string curve_csv = "sample,layer,kv_head,kind,k,r_over_diam\n";
+  // r(k)/diameter curves per (layer, kind): mean, min and max over samples and KV heads.
+  std::map<std::pair<int, std::string>, std::vector<std::vector<double>>> curves;
   for (int layer : layers) {
     std::vector<double> per_prompt;
     std::vector<int64_t> pos_all;
@@ -114,8 +117,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
           nlohmann::json r = {{"sample", s}, {"layer", layer}, {"kv_head", head}, {"kind", kind}};
           r.update(cluster_row(c));
           rows.push_back(r);
-          for (size_t k = 0; k < c.radius_ratio.size(); ++k)
-            curve_csv += fmt::format("{},{},{},{},{},{:.6g}\n", s, layer, head, kind, k + 1, c.radius_ratio[k]);
+          curves[{layer, kind}].push_back(c.radius_ratio);
           fmt::print(stderr, "[clusterability] sample {} layer {} head {} {}: r(16)/D {:.3f}, silhouette {:.3f}, "
                      "m exponent {:.3f}\n", s, layer, head, kind,
                      c.radius_ratio[std::min<size_t>(15, c.radius_ratio.size() - 1)], c.silhouette,
@@ -165,6 +167,19 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
                           "1k tokens (r = {:+.3f})\n", q["layer"].get<int>(), q["mean"].get<double>(),
                           q["ci95_low"].get<double>(), q["ci95_high"].get<double>(), q["n_prompts"].get<int64_t>(),
                           q["trend"]["slope_per_1k_tokens"].get<double>(), q["trend"]["pearson_r"].get<double>());
+  std::string curve_csv = "layer,kind,k,r_over_diam_mean,r_over_diam_min,r_over_diam_max,sets\n";
+  for (int layer : layers)
+    for (const char* kind : {"keys", "values"}) {
+      const auto& sets = curves[{layer, kind}];
+      size_t kmax = SIZE_MAX;
+      for (const auto& c : sets) kmax = std::min(kmax, c.size());
+      for (size_t k = 0; k < kmax; ++k) {
+        double sum = 0, lo = INFINITY, hi = -INFINITY;
+        for (const auto& c : sets) sum += c[k], lo = std::min(lo, c[k]), hi = std::max(hi, c[k]);
+        curve_csv += fmt::format("{},{},{},{:.5f},{:.5f},{:.5f},{}\n", layer, kind, k + 1, sum / double(sets.size()),
+                                 lo, hi, sets.size());
+      }
+    }
   write_text_atomic(run.file("radius_curve.csv"), curve_csv);
   write_text_atomic(run.file("summary.txt"), "keys vs values (means over samples and KV heads)\n" + table +
                                                  "\nquery norms (ClusterGen Table 1)\n" + qtable);

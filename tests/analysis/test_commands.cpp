@@ -46,14 +46,16 @@ TEST_CASE("kvlab tsne and clusterability on a synthetic capture") {
   j = nlohmann::json::parse(test::read_file(dir + "/cl/result.json"));
   REQUIRE(j["rows"].size() == 2 * 2 * 2 * 2);  // samples x layers x heads x {keys, values}
   for (const auto& r : j["rows"]) {
-    CHECK(r["radius_ratio"].size() == 32);
+    CHECK(r.contains("r32_over_diam"));
+    CHECK(!r.contains("r64_over_diam"));  // --k-max 32
     if (r["kind"] == "keys") CHECK(r["r16_over_diam"].get<double>() < 0.3);  // 6 clusters of keys
   }
   REQUIRE(j["query_norms"].size() == 2);
   CHECK(j["query_norms"][0]["n_prompts"] == 2);
   CHECK(j["query_norms"][0]["ci95_low"].get<double>() <= j["query_norms"][0]["mean"].get<double>());
   CHECK(j["keys_vs_values"].size() == 4);
-  CHECK(std::filesystem::exists(dir + "/cl/radius_curve.csv"));
+  const std::string curve = test::read_file(dir + "/cl/radius_curve.csv");
+  CHECK(std::count(curve.begin(), curve.end(), '\n') == 1 + 2 * 2 * 32);  // layers x kinds x k
 
   // Another config into the same folder is refused; a bad flag is one line naming it.
   CHECK(test::run_command(kvlab_cmd("clusterability --capture " + dir + "/c.h5 --k-max 8 --out " + dir + "/cl"), &out) != 0);

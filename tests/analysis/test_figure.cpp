@@ -43,7 +43,7 @@ TEST_CASE("t-SNE figure: valid XML, one panel per layer and kind, centres marked
       "for p in panels:\n"
       "    frame = p.find('s:rect', ns)\n"
       "    print('panel', p.get('data-kind'), p.get('data-layer'), float(frame.get('x')), float(frame.get('y')),\n"
-      "          len(p.findall('.//s:g[@class=\"points\"]/s:circle', ns)),\n"
+      "          len(p.findall('.//s:g[@class=\"points\"]//s:circle', ns)),\n"
       "          len(p.findall('.//s:g[@class=\"centres\"]/s:path[@class=\"centre\"]', ns)))\n"
       "texts = [t.text for t in root.iter('{http://www.w3.org/2000/svg}text')]\n"
       "print('xlabels', texts.count('t-SNE 1'), 'ylabels', texts.count('t-SNE 2'))\n"

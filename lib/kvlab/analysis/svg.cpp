@@ -64,6 +64,10 @@ void Svg::circle(double cx, double cy, double r, const std::string& fill, double
                        cx, cy, r, fill, opacity, stroke, stroke_width);
 }
 
+void Svg::dot(double cx, double cy, double r) {
+  body_ += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:g}\"/>\n", cx, cy, r);
+}
+
 void Svg::polyline(const std::vector<std::pair<double, double>>& pts, const std::string& stroke, double width,
                    const std::string& dash, const std::string& cls) {
   std::string p;

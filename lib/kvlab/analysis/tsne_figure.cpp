@@ -113,9 +113,18 @@ std::string tsne_figure_svg(const std::vector<TsnePanel>& panels, const std::str
     at::Tensor pos = p.positions.defined() ? p.positions.to(at::kLong).contiguous() : at::arange(n, at::kLong);
     const int64_t* pp = pos.data_ptr<int64_t>();
     const double pmax = std::max<double>(1, double(pos.max().item<int64_t>()));
-    svg.open_group("points");
+    // Colour buckets by position, each one group (the file stays small), oldest bucket first.
+    constexpr int kBuckets = 24;
+    std::vector<std::vector<int64_t>> bucket(kBuckets);
     for (int64_t i = 0; i < n; ++i)
-      svg.circle(X(pe[2 * i]), Y(pe[2 * i + 1]), 2.0, viridis(double(pp[i]) / pmax), 0.7);
+      bucket[std::min<int64_t>(kBuckets - 1, int64_t(double(pp[i]) / pmax * kBuckets))].push_back(i);
+    svg.open_group("points", {{"fill-opacity", "0.7"}, {"stroke", "none"}});
+    for (int b = 0; b < kBuckets; ++b) {
+      if (bucket[b].empty()) continue;
+      svg.open_group("bucket", {{"fill", viridis((b + 0.5) / kBuckets)}});
+      for (int64_t i : bucket[b]) svg.dot(X(pe[2 * i]), Y(pe[2 * i + 1]), 2.0);
+      svg.close_group();
+    }
     svg.close_group();
     svg.open_group("centres", {{"data-k", std::to_string(p.centres.size())}});
     for (int64_t c2 : p.centres) {
