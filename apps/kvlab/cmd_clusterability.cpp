@@ -5,8 +5,8 @@
 // the silhouette of the k-center partition; and the query norms of ClusterGen Table 1 (mean ‖q‖₂
 // per prompt, its mean over prompts with a 95% CI, its trend with position). Writes result.json
 // (rows per (sample, layer, head, keys|values); "query_norms"; "keys_vs_values" per layer),
-// radius_curve.csv (r(k)/diameter per layer and kind: mean, min, max over samples and heads) and
-// summary.txt.
+// radius_curve.csv (r(k)/diameter and r(k)/r(1) per layer and kind: mean, min, max over samples and
+// heads), the same curves as radius_over_diameter.svg and radius_over_r1.svg, and summary.txt.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -18,6 +18,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/analysis/clusterability.h"
+#include "kvlab/analysis/curve_figure.h"
 #include "kvlab/analysis/points.h"
 #include "kvlab/analysis/query_norms.h"
 #include "kvlab/core/check.h"
@@ -68,17 +69,24 @@ const std::vector<int64_t> kReportK = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 std::string fkey(double f) { return fmt::format("{:g}", f); }
 
+// Six significant digits: enough for every figure and table, and result.json stays small.
+double sig6(double v) { return std::isfinite(v) ? std::stod(fmt::format("{:.6g}", v)) : v; }
+
 nlohmann::json cluster_row(const Clusterability& c) {
-  nlohmann::json r = {{"n_points", c.n}, {"dim", c.dim}, {"diameter", c.diameter}, {"rms_spread", c.rms_spread},
-                      {"silhouette", c.silhouette}};
+  nlohmann::json r = {{"n_points", c.n}, {"dim", c.dim}, {"diameter", sig6(c.diameter)},
+                      {"rms_spread", sig6(c.rms_spread)}, {"silhouette", sig6(c.silhouette)}};
   for (int64_t k : kReportK)
-    if (k <= int64_t(c.radius_ratio.size())) r[fmt::format("r{}_over_diam", k)] = c.radius_ratio[k - 1];
+    if (k <= int64_t(c.radius_ratio.size())) {
+      r[fmt::format("r{}_over_diam", k)] = sig6(c.radius_ratio[k - 1]);
+      // The same radius over r(1), the one-centre radius: free of the diameter's single farthest pair.
+      if (k > 1 && c.radius[0] > 0) r[fmt::format("r{}_over_r1", k)] = sig6(c.radius[k - 1] / c.radius[0]);
+    }
   nlohmann::json curves = nlohmann::json::array();
   for (const auto& d : c.delta) {
     r["m_final_delta" + fkey(d.fraction)] = d.m.back();
-    r["m_exponent_delta" + fkey(d.fraction)] = d.fit.n_points >= 2 ? nlohmann::json(d.fit.exponent) : nlohmann::json();
-    curves.push_back({{"fraction", d.fraction}, {"delta", d.delta}, {"n", d.n}, {"m", d.m},
-                      {"exponent", d.fit.exponent}, {"r2", d.fit.r2}, {"fit_points", d.fit.n_points}});
+    r["m_exponent_delta" + fkey(d.fraction)] = d.fit.n_points >= 2 ? nlohmann::json(sig6(d.fit.exponent)) : nlohmann::json();
+    curves.push_back({{"fraction", d.fraction}, {"delta", sig6(d.delta)}, {"n", d.n}, {"m", d.m},
+                      {"exponent", sig6(d.fit.exponent)}, {"r2", sig6(d.fit.r2)}, {"fit_points", d.fit.n_points}});
   }
   r["delta_curves"] = curves;
   return r;
@@ -101,7 +109,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
   RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
   nlohmann::json rows = nlohmann::json::array(), qnorms = nlohmann::json::array();
   // r(k)/diameter curves per (layer, kind): mean, min and max over samples and KV heads.
-  std::map<std::pair<int, std::string>, std::vector<std::vector<double>>> curves;
+  std::map<std::pair<int, std::string>, std::vector<std::vector<double>>> curves, curves_r1;
   for (int layer : layers) {
     std::vector<double> per_prompt;
     std::vector<int64_t> pos_all;
@@ -118,6 +126,9 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
           r.update(cluster_row(c));
           rows.push_back(r);
           curves[{layer, kind}].push_back(c.radius_ratio);
+          std::vector<double> over_r1;
+          for (double rk : c.radius) over_r1.push_back(c.radius[0] > 0 ? rk / c.radius[0] : 0.0);
+          curves_r1[{layer, kind}].push_back(over_r1);
           fmt::print(stderr, "[clusterability] sample {} layer {} head {} {}: r(16)/D {:.3f}, silhouette {:.3f}, "
                      "m exponent {:.3f}\n", s, layer, head, kind,
                      c.radius_ratio[std::min<size_t>(15, c.radius_ratio.size() - 1)], c.silhouette,
@@ -141,7 +152,8 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
   }
 
   // Keys vs values per layer: means over samples and heads of the scale-free numbers.
-  const std::vector<std::string> scalars = {"r4_over_diam", "r16_over_diam", "r64_over_diam", "silhouette",
+  const std::vector<std::string> scalars = {"r4_over_diam", "r16_over_diam", "r64_over_diam", "r16_over_r1",
+                                            "r64_over_r1", "silhouette",
                                             "m_exponent_delta" + fkey(o.delta_fractions.front()),
                                             "m_exponent_delta" + fkey(o.delta_fractions.back())};
   nlohmann::json kv = nlohmann::json::array();
@@ -167,27 +179,58 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
                           "1k tokens (r = {:+.3f})\n", q["layer"].get<int>(), q["mean"].get<double>(),
                           q["ci95_low"].get<double>(), q["ci95_high"].get<double>(), q["n_prompts"].get<int64_t>(),
                           q["trend"]["slope_per_1k_tokens"].get<double>(), q["trend"]["pearson_r"].get<double>());
-  std::string curve_csv = "layer,kind,k,r_over_diam_mean,r_over_diam_min,r_over_diam_max,sets\n";
-  for (int layer : layers)
-    for (const char* kind : {"keys", "values"}) {
-      const auto& sets = curves[{layer, kind}];
-      size_t kmax = SIZE_MAX;
-      for (const auto& c : sets) kmax = std::min(kmax, c.size());
-      for (size_t k = 0; k < kmax; ++k) {
-        double sum = 0, lo = INFINITY, hi = -INFINITY;
-        for (const auto& c : sets) sum += c[k], lo = std::min(lo, c[k]), hi = std::max(hi, c[k]);
-        curve_csv += fmt::format("{},{},{},{:.5f},{:.5f},{:.5f},{}\n", layer, kind, k + 1, sum / double(sets.size()),
-                                 lo, hi, sets.size());
-      }
+  // Mean, min and max over the sets of each (layer, kind) of one curve family, k = 1 .. common length.
+  struct Band {
+    std::vector<double> k, mean, lo, hi;
+  };
+  auto band = [](const std::vector<std::vector<double>>& sets) {
+    Band b;
+    size_t kmax = SIZE_MAX;
+    for (const auto& c : sets) kmax = std::min(kmax, c.size());
+    for (size_t k = 0; k < kmax; ++k) {
+      double sum = 0, lo = INFINITY, hi = -INFINITY;
+      for (const auto& c : sets) sum += c[k], lo = std::min(lo, c[k]), hi = std::max(hi, c[k]);
+      b.k.push_back(double(k + 1));
+      b.mean.push_back(sum / double(sets.size()));
+      b.lo.push_back(lo);
+      b.hi.push_back(hi);
     }
+    return b;
+  };
+  std::string curve_csv = "layer,kind,k,r_over_diam_mean,r_over_diam_min,r_over_diam_max,r_over_r1_mean,r_over_r1_min,"
+                          "r_over_r1_max,sets\n";
+  std::vector<CurvePanel> fig_diam, fig_r1;
+  for (int layer : layers) {
+    CurvePanel pd{fmt::format("layer {}", layer), {}}, pr{fmt::format("layer {}", layer), {}};
+    for (const char* kind : {"keys", "values"}) {
+      const Band d = band(curves[{layer, kind}]), r1 = band(curves_r1[{layer, kind}]);
+      for (size_t k = 0; k < d.k.size(); ++k)
+        curve_csv += fmt::format("{},{},{},{:.5f},{:.5f},{:.5f},{:.5f},{:.5f},{:.5f},{}\n", layer, kind, k + 1, d.mean[k],
+                                 d.lo[k], d.hi[k], r1.mean[k], r1.lo[k], r1.hi[k], curves[{layer, kind}].size());
+      const bool keys = std::string(kind) == "keys";
+      const std::string colour = keys ? "#1f77b4" : "#ff7f0e";
+      pd.series.push_back({kind, d.k, d.mean, d.lo, d.hi, colour, !keys});
+      pr.series.push_back({kind, r1.k, r1.mean, r1.lo, r1.hi, colour, !keys});
+    }
+    fig_diam.push_back(pd);
+    fig_r1.push_back(pr);
+  }
   write_text_atomic(run.file("radius_curve.csv"), curve_csv);
+  const std::string who = fmt::format("{}, {} prompt(s) x {} KV head(s): mean, band = min..max", meta.model_id,
+                                      samples.size(), heads.size());
+  write_text_atomic(run.file("radius_over_diameter.svg"),
+                    curve_figure_svg(fig_diam, {"k (greedy k-center centres)", "r(k) / diameter", true, 0, 1},
+                                     "k-center radius over the diameter, keys vs values (" + who + ")"));
+  write_text_atomic(run.file("radius_over_r1.svg"),
+                    curve_figure_svg(fig_r1, {"k (greedy k-center centres)", "r(k) / r(1)", true, 0, 1},
+                                     "k-center radius over the one-centre radius, keys vs values (" + who + ")"));
   write_text_atomic(run.file("summary.txt"), "keys vs values (means over samples and KV heads)\n" + table +
                                                  "\nquery norms (ClusterGen Table 1)\n" + qtable);
   auto context = context_block("cpu", 0, effective);
   context["capture"] = {{"file", o.capture}, {"model_id", meta.model_id}, {"source_dataset", meta.source_dataset},
                         {"git_sha", meta.git_sha}};
   run.write_result(context, rows, {{"complete", true}, {"keys_vs_values", kv}, {"query_norms", qnorms},
-                                   {"files", {"radius_curve.csv", "summary.txt"}}});
+                                   {"files", {"radius_curve.csv", "radius_over_diameter.svg", "radius_over_r1.svg", "summary.txt"}}});
   std::cout << table << "\n" << qtable;
   fmt::print(stderr, "[clusterability] wrote {}\n", run.path());
 }

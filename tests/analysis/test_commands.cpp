@@ -56,6 +56,11 @@ TEST_CASE("kvlab tsne and clusterability on a synthetic capture") {
   CHECK(j["keys_vs_values"].size() == 4);
   const std::string curve = test::read_file(dir + "/cl/radius_curve.csv");
   CHECK(std::count(curve.begin(), curve.end(), '\n') == 1 + 2 * 2 * 32);  // layers x kinds x k
+  for (const char* f : {"radius_over_diameter.svg", "radius_over_r1.svg"}) {
+    const std::string svg = test::read_file(dir + "/cl/" + f);
+    CHECK(svg.find("data-title=\"layer 1\"") != std::string::npos);
+    CHECK(svg.find("class=\"series\" data-label=\"values\"") != std::string::npos);
+  }
 
   // Another config into the same folder is refused; a bad flag is one line naming it.
   CHECK(test::run_command(kvlab_cmd("clusterability --capture " + dir + "/c.h5 --k-max 8 --out " + dir + "/cl"), &out) != 0);

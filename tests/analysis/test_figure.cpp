@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvlab/analysis/curve_figure.h"
 #include "kvlab/analysis/query_norms.h"
 #include "kvlab/analysis/svg.h"
 #include "kvlab/analysis/tsne_figure.h"
@@ -120,4 +121,26 @@ TEST_CASE("query norms: per-position norm, t-interval, trend") {
   CHECK(t.pearson_r == doctest::Approx(1.0));
   CHECK(t.bin_start == std::vector<int64_t>{0, 256, 512, 768});
   CHECK(t.bin_count == std::vector<int64_t>{26, 26, 25, 23});
+}
+
+TEST_CASE("curve figure: valid XML, one panel per layer, one series per kind") {
+  std::vector<CurvePanel> panels;
+  for (int l : {0, 7, 29}) {
+    CurvePanel p{"layer " + std::to_string(l), {}};
+    std::vector<double> k = {1, 2, 4, 8, 16}, y = {1, 0.8, 0.6, 0.5, 0.4};
+    p.series.push_back({"keys", k, y, {}, {}, "#1f77b4", false});
+    p.series.push_back({"values", k, y, y, y, "#ff7f0e", true});
+    panels.push_back(p);
+  }
+  const std::string dir = test::temp_dir("curve_fig");
+  {
+    std::ofstream(dir + "/c.svg") << curve_figure_svg(panels, {"k", "r(k) / r(1)", true, 0, 1}, "radii & <k>");
+  }
+  std::string out;
+  REQUIRE(test::run_command("python3 -c \"import sys, xml.etree.ElementTree as ET; r = ET.parse(sys.argv[1]).getroot(); "
+                            "ns = {'s': 'http://www.w3.org/2000/svg'}; "
+                            "print(len(r.findall('.//s:g[@class=\\\"panel\\\"]', ns)), "
+                            "len(r.findall('.//s:g[@class=\\\"series\\\"]/s:polyline', ns)), "
+                            "len(r.findall('.//s:polygon', ns)))\" " + dir + "/c.svg", &out) == 0);
+  CHECK(out == "3 6 3\n");  // 3 panels, 2 series each, a band for each values series
 }

@@ -77,6 +77,13 @@ void Svg::polyline(const std::vector<std::pair<double, double>>& pts, const std:
                        dash.empty() ? "" : fmt::format(" stroke-dasharray=\"{}\"", dash));
 }
 
+void Svg::polygon(const std::vector<std::pair<double, double>>& pts, const std::string& fill, double opacity) {
+  std::string p;
+  for (const auto& [x, y] : pts) p += fmt::format("{:.1f},{:.1f} ", x, y);
+  body_ += fmt::format("<polygon points=\"{}\" fill=\"{}\" fill-opacity=\"{:.2f}\" stroke=\"none\"/>\n", p, fill,
+                       opacity);
+}
+
 void Svg::cross(double cx, double cy, double r, const std::string& stroke, double width, const std::string& cls) {
   body_ += fmt::format("<path{} d=\"M{:.2f},{:.2f}L{:.2f},{:.2f}M{:.2f},{:.2f}L{:.2f},{:.2f}\" stroke=\"{}\" "
                        "stroke-width=\"{:.2f}\" fill=\"none\"/>\n", cls.empty() ? "" : " class=\"" + cls + "\"",

@@ -29,6 +29,8 @@ class Svg {
                 const std::string& dash = "", const std::string& cls = "");
   // A bare <circle cx cy r/> (fill and opacity from the enclosing group): compact for big scatters.
   void dot(double cx, double cy, double r);
+  // A filled polygon without stroke (e.g. a band between two curves).
+  void polygon(const std::vector<std::pair<double, double>>& pts, const std::string& fill, double opacity);
   // A "×" marker of half-size r centred on (cx, cy).
   void cross(double cx, double cy, double r, const std::string& stroke, double width, const std::string& cls = "");
   // anchor: start | middle | end; rotate: degrees about (x, y).
