@@ -174,4 +174,7 @@ TEST_CASE("t-SNE: same seed same embedding; bad options name the option") {
   o.max_iter = 100;
   CHECK_THROWS_WITH_AS(tsne(x, o), doctest::Contains("--max-iter"), Error);
   CHECK_THROWS_WITH_AS(parse_tsne_method("bh", "--method"), doctest::Contains("--method"), Error);
+  TsneOptions ex;
+  ex.method = TsneMethod::exact;
+  CHECK_THROWS_WITH_AS(tsne(at::zeros({5001, 2}), ex), doctest::Contains("barnes_hut"), Error);
 }

@@ -23,6 +23,7 @@ constexpr int kIterCheck = 50;         // sklearn's _N_ITER_CHECK
 constexpr int kIterWithoutProgress = 300;
 constexpr double kMinGradNorm = 1e-7;
 constexpr double kMinGain = 0.01;
+constexpr int64_t kMaxExact = 5000;  // points the exact method accepts (~0.6 GB)
 
 // sklearn's _binary_search_perplexity for one row: d [m] squared distances, p [m] out.
 void binary_search_row(const double* d, int64_t m, double perplexity, double* p) {
@@ -255,6 +256,10 @@ TsneResult tsne(const at::Tensor& x_in, const TsneOptions& opt) {
   KVLAB_CHECK(opt.early_exaggeration >= 1, "--early-exaggeration must be at least 1, got {}",
               opt.early_exaggeration);
   KVLAB_CHECK(opt.angle > 0 && opt.angle < 1, "--angle must be in (0, 1), got {}", opt.angle);
+  // The exact method holds three dense [n, n] float64 matrices (distances, P, the kernel).
+  KVLAB_CHECK(opt.method != TsneMethod::exact || n <= kMaxExact, "--method exact keeps three {} x {} float64 "
+              "matrices ({:.1f} GB); use --method barnes_hut or at most {} points (--max-points)", n, n,
+              3.0 * 8.0 * double(n) * double(n) / 1e9, kMaxExact);
   auto x = x_in.to(at::kCPU).to(at::kDouble).contiguous();  // [n, d]
   KVLAB_CHECK(at::isfinite(x).all().item<bool>(), "t-SNE: the input holds NaN or Inf");
 
