@@ -25,6 +25,7 @@ ALLOWED = {
     "cache": {"core", "attention", "compress"},
     "generate": {"core", "io", "attention", "tokenizer", "model", "compress", "cache"},
     "tasks": {"core", "io", "attention", "tokenizer", "model", "compress", "cache", "generate", "eval"},
+    "analysis": {"core", "io", "attention", "compress"},
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)

@@ -1,5 +1,6 @@
 // kvlab merge DIR... --out DIR: joins the result.json of replay shards (--shard i/N) into one
-// run, checking they share one config, and recomputes the aggregates.
+// run, checking they share one config, and recomputes the aggregates. Given one sweep folder
+// (`kvlab sweep --emit-jobs`, its jobs run elsewhere), gathers the rows of all its points instead.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -13,6 +14,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
+#include "kvlab/core/sweep.h"
 #include "kvlab/replay/plan.h"
 #include "kvlab/replay/tables.h"
 
@@ -30,9 +32,29 @@ struct MergeOptions {
   }
 };
 
+// One sweep folder: every point must have finished; rows in point order with their axis columns.
+void merge_sweep(const MergeOptions& o, const nlohmann::json& effective) {
+  const std::string dir = o.inputs.front();
+  const nlohmann::json manifest = read_json_file(dir + "/sweep.json");
+  int done = 0;
+  auto rows = gather_sweep_rows(dir, /*require_all=*/true, &done);
+  RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
+  auto context = context_block("cpu", 0, manifest.value("spec", nlohmann::json::object()));
+  context["merged_from"] = dir;
+  context["sweep"] = {{"name", manifest["spec"].value("name", "")}, {"command", manifest["spec"].value("command", "")},
+                      {"n_points", done}};
+  run.write_result(context, rows, {{"complete", true}, {"points_done", done}});
+  fmt::print(stderr, "[merge] sweep {}: {} rows from {} points -> {}\n", dir, rows.size(), done, run.file("result.json"));
+}
+
 void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(!o.inputs.empty(), "merge: give the shard run directories to merge");
+  KVLAB_CHECK(!o.inputs.empty(), "merge: give the shard run directories (or one sweep folder) to merge");
   namespace fs = std::filesystem;
+  if (o.inputs.size() == 1 && fs::exists(o.inputs.front() + "/sweep.json")) {
+    KVLAB_CHECK(!(fs::exists(o.out) && fs::equivalent(o.inputs.front(), o.out)),
+                "--out {} is the sweep folder itself; merge into another folder", o.out);
+    return merge_sweep(o, effective);
+  }
   for (const auto& in : o.inputs) {
     const fs::path dir = fs::is_directory(in) ? fs::path(in) : fs::path(in).parent_path();
     std::error_code ec;

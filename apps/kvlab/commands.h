@@ -22,6 +22,10 @@ void setup_bench_generate(CLI::App& app);  // cmd_bench_generate.cpp: kvlab benc
 void setup_longeval(CLI::App& app);  // cmd_longeval.cpp: LongEval line retrieval
 void setup_niah(CLI::App& app);      // cmd_niah.cpp: needle in a haystack
 void setup_ppl(CLI::App& app);       // cmd_ppl.cpp: perplexity and fidelity through streamed caches
+void setup_tsne(CLI::App& app);      // cmd_tsne.cpp: t-SNE of keys and values (SubGen Fig. 1)
+void setup_clusterability(CLI::App& app);  // cmd_clusterability.cpp: k-center radii, δ-clusters, query norms
+void setup_sweep(CLI::App& app);     // cmd_sweep.cpp: a command over a grid of parameters (SLURM jobs)
+void setup_buzz_steady(CLI::App& app);  // cmd_buzz_steady.cpp: BUZZ's steady-state sampled region per T/w
 
 // The `kvlab bench` group; benchmark subcommands in other files attach to it.
 CLI::App& bench_group(CLI::App& app);

@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_longeval(app);
   kvlab::cli::setup_niah(app);
   kvlab::cli::setup_bench_generate(app);
+  kvlab::cli::setup_tsne(app);
+  kvlab::cli::setup_clusterability(app);
+  kvlab::cli::setup_sweep(app);
+  kvlab::cli::setup_buzz_steady(app);
 
   // Global settings take effect before any subcommand callback runs.
   app.parse_complete_callback([&] {

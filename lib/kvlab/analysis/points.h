@@ -1,0 +1,14 @@
+// Which tokens of a sample an analysis uses: every stride-th position from `skip_first`, the
+// stride the smallest that keeps at most `max_points` of them (0: all).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace kvlab {
+
+// [m] int64 ascending positions in [skip_first, n_tokens); errors name --skip-first / --max-points.
+at::Tensor strided_positions(int64_t n_tokens, int64_t skip_first, int64_t max_points);
+
+}  // namespace kvlab
