@@ -5,7 +5,8 @@
 // record with one exact prefill shared by the full cache and every (method, budget) branch; the
 // score is whether the output holds the needle's key phrase, with fidelity to the full cache
 // beside it. Predictions in <out>/pred/<branch>/niah.jsonl (a rerun with the same --out resumes);
-// the grid of every branch in result.json ("grid") and printed, depth rows by length columns.
+// every branch's grid in result.json (record_scores), printed (depth rows by length columns) and
+// drawn in heatmap.svg (one panel per branch).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -17,6 +18,7 @@
 #include "kvlab/core/provenance.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/tasks/niah.h"
+#include "kvlab/tasks/niah_figure.h"
 #include "task_command.h"
 
 namespace kvlab::cli {
@@ -96,10 +98,16 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
   ctx["model_id"] = tm->model.id;
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, run, ctx, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
+  std::vector<NiahPanel> panels;
+  for (const auto& row : rows) panels.push_back({row["branch"].get<std::string>(), row["record_scores"]});
+  write_text_atomic(run.file("heatmap.svg"),
+                    niah_heatmap_svg(panels, o.lengths, o.depths,
+                                     fmt::format("Needle in a haystack: {}", tm->model.id)));
   for (const auto& row : rows)
     std::cout << row["branch"].get<std::string>() << " (score: needle found)\n" << grid_text(o, row["record_scores"]) << "\n";
   std::cout << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "seconds_per_record"});
-  fmt::print(stderr, "[niah] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
+  fmt::print(stderr, "[niah] wrote {}, {} and {}\n", run.file("result.json"), run.file("heatmap.svg"),
+             run.file("pred/"));
 }
 
 }  // namespace

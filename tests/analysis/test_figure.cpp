@@ -9,7 +9,7 @@
 
 #include "kvlab/analysis/curve_figure.h"
 #include "kvlab/analysis/query_norms.h"
-#include "kvlab/analysis/svg.h"
+#include "kvlab/core/svg.h"
 #include "kvlab/analysis/tsne_figure.h"
 #include "test_util.h"
 

@@ -458,6 +458,10 @@ TEST_CASE("gguf: hostile headers") {
                          doctest::Contains("overflow"), Error);
     CHECK_THROWS_WITH_AS(parse_gg(GgufBuilder(1, 0).tensor("x", {~uint64_t(0)}, 0, 0).with_data(16)),
                          doctest::Contains("overflow"), Error);
+    // A zero dimension makes the element count 0, but the others must not overflow either (ATen
+    // refuses such a shape: fuzz_gguf, seed crash_zero_dim_overflow.gguf).
+    CHECK_THROWS_WITH_AS(parse_gg(GgufBuilder(1, 0).tensor("x", {0, uint64_t(1) << 40, uint64_t(1) << 40}, 0, 0).with_data(16)),
+                         doctest::Contains("overflow"), Error);
     CHECK_THROWS_WITH_AS(parse_gg(GgufBuilder(1, 0).tensor("q", {48}, 2, 0).with_data(64)),
                          doctest::Contains("not a multiple of the block size 32"), Error);
     CHECK_THROWS_WITH_AS(parse_gg(GgufBuilder(1, 0).tensor("x", {1 << 20}, 0, 0).with_data(16)),

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "kvlab/model/model.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/tasks/niah.h"
@@ -105,6 +107,18 @@ TEST_CASE("niah: kvlab niah on stories260K — grid, predictions, resume, errors
   REQUIRE(res["rows"].size() == 2);
   CHECK(res["rows"][1]["record_scores"].size() == 6);
   CHECK(res["rows"][1]["record_scores"].contains("len400_depth50"));
+  // The heat map: valid XML, one panel per branch, one cell per (length, depth), scores as in the rows.
+  const std::string svg = dir + "/run/heatmap.svg";
+  REQUIRE(fs::exists(svg));
+  std::string py;
+  CHECK(test::run_command("python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+                          "ns = '{http://www.w3.org/2000/svg}'; "
+                          "ps = [g for g in r.iter(ns + 'g') if g.get('class') == 'panel']; "
+                          "print(len(ps), [len([c for c in p.iter(ns + 'g') if c.get('class') == 'cell']) for p in ps], "
+                          "[c.get('data-score') for c in ps[1].iter(ns + 'g') if c.get('class') == 'cell' and "
+                          "c.get('data-length') == '400' and c.get('data-depth') == '50'])\" " + svg, &py) == 0);
+  const double cell = res["rows"][1]["record_scores"]["len400_depth50"].get<double>();
+  CHECK(py == fmt::format("2 [6, 6] ['{:g}']\n", cell));
   // Resume: the same command over the same folder runs nothing again and gives the same rows.
   std::string out2;
   REQUIRE(test::run_command(base, &out2) == 0);

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kvlab/analysis/svg.h"
+#include "kvlab/core/svg.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "kvlab/analysis/svg.h"
+#include "kvlab/core/svg.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {

@@ -267,10 +267,16 @@ GgufContents parse_gguf(const uint8_t* data, size_t size, const std::string& sou
     KVLAB_CHECK(n_dims <= kMaxDims, "{}: tensor '{}' has {} dimensions, at most {} allowed", source, t.name,
                 n_dims, kMaxDims);
     uint64_t numel = 1;
+    // The product of the non-zero dimensions, in float64 bytes: a zero dimension makes numel 0
+    // whatever follows, but ATen still refuses a shape whose other dimensions overflow (found by
+    // fuzz_gguf), so that product must fit too.
+    uint64_t span = 8;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = r.read<uint64_t>();
       KVLAB_CHECK(ne <= static_cast<uint64_t>(INT64_MAX) && !__builtin_mul_overflow(numel, ne, &numel) &&
-                      numel <= static_cast<uint64_t>(INT64_MAX),
+                      numel <= static_cast<uint64_t>(INT64_MAX) &&
+                      !__builtin_mul_overflow(span, std::max<uint64_t>(ne, 1), &span) &&
+                      span <= static_cast<uint64_t>(INT64_MAX),
                   "{}: tensor '{}': dimension {} = {} makes the element count overflow", source, t.name, d, ne);
       t.ne.push_back(static_cast<int64_t>(ne));
     }

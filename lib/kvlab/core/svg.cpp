@@ -1,5 +1,5 @@
 // The SVG writer: string building with fmt, attributes escaped.
-#include "kvlab/analysis/svg.h"
+#include "kvlab/core/svg.h"
 
 #include <fmt/format.h>
 
