@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--attention-n", default="4096,16384")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--unset-openblas-coretype", action="store_true",
+                    help="run both sides without OPENBLAS_CORETYPE (a value such as Haswell pins OpenBLAS to AVX2 "
+                         "kernels; transformers' MKL ignores it)")
     args = ap.parse_args()
     if args.out and os.path.exists(args.out):
         sys.exit(f"--out {args.out} exists; choose a new path")
@@ -55,6 +58,8 @@ def main():
     gguf = subprocess.run([os.path.join(REPO, "data_scripts", "get_smollm2.sh")], stdout=subprocess.PIPE,
                           text=True, check=True).stdout.strip()
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    if args.unset_openblas_coretype:
+        env.pop("OPENBLAS_CORETYPE", None)
     py = sys.executable
     t = args.threads
 
@@ -100,13 +105,15 @@ def main():
     version = subprocess.run([kvlab, "--version"], env=env, stdout=subprocess.PIPE, text=True).stdout
     tf = raw["prefill"][0]["transformers"][0]
     print(f"kvlab {version.splitlines()[1]}; transformers {tf['transformers_version']}, torch {tf['torch_version']} "
-          f"({tf['attn_implementation']}); {t} threads; OMP_WAIT_POLICY=PASSIVE for both\n")
+          f"({tf['attn_implementation']}); {t} threads; OMP_WAIT_POLICY=PASSIVE for both; "
+          f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset)')}\n")
     print("| measurement | kvlab | transformers (or matmul) | ratio | goal |")
     print("|---|---|---|---|---|")
     for name, k, ref, ratio, goal in rows:
         print(f"| {name} | {k:.1f} | {ref:.1f} | {ratio:.2f} | {goal} |")
     if args.out:
         doc = {"date": datetime.datetime.utcnow().isoformat() + "Z", "threads": t, "kvlab_version": version,
+               "openblas_coretype": env.get("OPENBLAS_CORETYPE"),
                "command": " ".join(sys.argv), "rows": [dict(zip(["measurement", "kvlab", "reference", "ratio", "goal"], r))
                                                      for r in rows], "raw": raw}
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

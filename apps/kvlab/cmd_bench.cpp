@@ -13,6 +13,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/attention/attention.h"
+#include "kvlab/core/blas.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab::cli {
@@ -53,6 +54,7 @@ double median_seconds(int reps, F&& f) {
 }
 
 void run_attention_bench(const AttentionBenchOptions& o, const nlohmann::json& /*effective*/) {
+  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens], got {}", o.queries);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   KVLAB_CHECK(o.q_heads % o.kv_heads == 0, "--q-heads must be a multiple of --kv-heads");

@@ -20,6 +20,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/blas.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/memory.h"
 #include "kvlab/core/provenance.h"
@@ -73,6 +74,7 @@ double median(std::vector<double> v) {
 }
 
 void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& effective) {
+  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   KVLAB_CHECK(o.new_tokens >= 2, "--new-tokens must be >= 2, got {}", o.new_tokens);
   KVLAB_CHECK(!o.context.empty(), "--context: give at least one length");
   std::string names = o.method;

@@ -17,6 +17,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/blas.h"
 #include "kvlab/core/check.h"
 #include "kvlab/model/model.h"
 
@@ -43,6 +44,7 @@ struct PrefillBenchOptions {
 };
 
 void run_prefill_bench(const PrefillBenchOptions& o, const nlohmann::json& /*effective*/) {
+  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   KVLAB_CHECK(o.decode >= 0, "--decode must be >= 0, got {}", o.decode);

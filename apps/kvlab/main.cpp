@@ -21,11 +21,11 @@
 
 // libgomp reads OMP_WAIT_POLICY once, in its constructor, before main(). Its default (spin ~0.3 s
 // before sleeping) makes LibTorch's OpenMP threads and OpenBLAS's burn the cores they wait on, and
-// on a machine with any other load prefill runs 4-7x slower (issue 13: 119 vs 468 tokens/s at 512
-// tokens; 18 vs 125 with a compile on the other core). Nothing set after that constructor has
-// run changes the policy (a .preinit_array setenv is undone by libc's own initialiser), so kvlab
+// with any other load on the machine prefill ran 4-10x slower (issue 13: 35 vs 367 tokens/s at 512
+// tokens, 2 threads, a compile on the other core). Nothing set after that constructor has run
+// changes the policy (a .preinit_array setenv is undone by libc's own initialiser), so kvlab
 // re-executes itself once with the passive policy unless the user chose one. The re-exec costs one
-// more dynamic load (~0.1 s); if /proc/self/exe cannot be executed kvlab runs on as it is.
+// more dynamic load (~0.1-0.3 s); if /proc/self/exe cannot be executed kvlab runs on as it is.
 namespace {
 void ensure_passive_omp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
@@ -102,12 +102,14 @@ int main(int argc, char** argv) {
     if (version) {
       const kvlab::BlasInfo blas = kvlab::blas_info();
       fmt::print("kvlab {}\ngit {}{}\nLibTorch {}\nCUDA {}{}\nbuild {}\nthreads {} (LibTorch), {} (BLAS)\n"
-                 "BLAS {} ({})\nOpenMP wait policy {}\n",
+                 "BLAS {} ({}, {} kernels)\nOpenMP wait policy {}\n",
                  kvlab::kvlab_version(), kvlab::git_sha(), kvlab::git_dirty() ? " (dirty)" : "",
                  kvlab::torch_version(), kvlab::cuda_available() ? "available" : "not available",
                  kvlab::cuda_version() == "none" ? "" : " (runtime " + kvlab::cuda_version() + ")",
                  kvlab::build_type(), at::get_num_threads(), blas.threads, blas.name, blas.threading,
+                 blas.core.empty() ? "unknown" : blas.core,
                  std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default");
+      if (const std::string w = kvlab::blas_core_warning(); !w.empty()) fmt::print("warning: {}\n", w);
       return 0;
     }
     if (app.get_subcommands().empty()) {

@@ -12,10 +12,19 @@ struct BlasInfo {
   std::string name;       // "OpenBLAS 0.3.21 DYNAMIC_ARCH ..." (openblas_get_config), or "unknown"
   std::string threading;  // "openmp" | "pthread" | "sequential" | "unknown"
   int threads = 0;        // its thread count (0 = unknown)
+  std::string core;       // the kernels a DYNAMIC_ARCH OpenBLAS chose ("Haswell", "SkylakeX"; "" = unknown)
 };
 
 BlasInfo blas_info();
 // Sets the BLAS's own thread count where it has one (OpenBLAS); LibTorch's is at::set_num_threads.
 void set_blas_threads(int n);
+
+// A warning when OPENBLAS_CORETYPE pins a DYNAMIC_ARCH OpenBLAS to AVX2 kernels ("Haswell",
+// "Zen") on a CPU with AVX-512 (F, BW, DQ, VL), else "". kvlab respects the variable (someone set
+// it, perhaps for results that match across machines) but says what it costs: on this project's
+// Zen 5 machines, where the environment sets OPENBLAS_CORETYPE=Haswell, OpenBLAS's own choice
+// (Cooperlake) runs a 1024^3 sgemm at 189 instead of 107 GFLOP/s and prefill of 4096 tokens at
+// 425 instead of 262 tokens/s on one thread (issue 13).
+std::string blas_core_warning();
 
 }  // namespace kvlab

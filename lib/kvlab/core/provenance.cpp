@@ -68,7 +68,7 @@ std::string describe_device(const std::string& device) {
 
 nlohmann::json blas_json() {
   const BlasInfo b = blas_info();
-  return {{"name", b.name}, {"threading", b.threading}, {"threads", b.threads}};
+  return {{"name", b.name}, {"threading", b.threading}, {"threads", b.threads}, {"core", b.core}};
 }
 
 nlohmann::json context_block(const std::string& device, uint64_t seed, const nlohmann::json& config) {
