@@ -18,6 +18,8 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("params", params, "config only: {\"method\": {\"key\": value}}");
   f.add("chat_template", chat_template, "none | auto | a template name");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
+  f.add("keep_first", keep_first, "prompt positions kept exact before the compressed region (every method)");
+  f.add("keep_last", keep_last, "prompt positions kept exact after it, e.g. the question (every method)");
   f.add("seed", seed, "seed of random methods");
   f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
   f.add("device", device, "cpu | cuda | cuda:N");
@@ -30,6 +32,8 @@ void TaskCommonOptions::fields(FieldList& f) {
 
 std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+  KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
+              o.keep_first, o.keep_last);
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
@@ -65,6 +69,8 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.pred_dir = run.file("pred");
   to.seed = static_cast<uint64_t>(o.seed);
   to.obs_queries = o.obs_queries;
+  to.keep_first = o.keep_first;
+  to.keep_last = o.keep_last;
   Progress progress(o.name + " " + task.dataset, int64_t(records.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note) { progress.advance(1, note); };
   nlohmann::json got = run_task(tm.model, tm.tok, task, records, branches, to);

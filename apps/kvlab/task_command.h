@@ -28,6 +28,8 @@ struct TaskCommonOptions {
   nlohmann::json params = nlohmann::json::object();
   std::string chat_template = "auto";
   int64_t obs_queries = 256;
+  int64_t keep_first = 0;
+  int64_t keep_last = 0;
   int64_t seed = 42;
   std::string dtype = "fp32";
   std::string device = "cpu";

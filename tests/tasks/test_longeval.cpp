@@ -78,6 +78,18 @@ TEST_CASE("longeval: runner on stories260K — predictions, fidelity, resume") {
   CHECK(rows[0]["rougeL_vs_exact"] == 1.0);
   CHECK(rows[1]["same_as_exact"].get<double>() < 1.0);  // a 4-entry window changes the outputs
   CHECK(rows[1]["rougeL_vs_exact"].get<double>() < 1.0);
+  // keep_last covering every prompt leaves no region to compress: uniform sampling of 4 entries
+  // then decodes exactly as the full cache, where without it it does not (so the option reaches
+  // the branches; keep_last is for prefill-only methods, streaming ones keep their own window).
+  {
+    std::vector<TaskBranch> two = {branches[0], {"uniform_budget4", make("uniform"), Budget::of_entries(4)}};
+    TaskOptions keep = to;
+    keep.pred_dir = dir + "/pred_nokeep";
+    CHECK(run_task(model, tok, task, records, two, keep)[1]["same_as_exact"].get<double>() < 1.0);
+    keep.pred_dir = dir + "/pred_keep";
+    keep.keep_last = 1000;
+    CHECK(run_task(model, tok, task, records, two, keep)[1]["same_as_exact"] == 1.0);
+  }
   // Every line's score is the scorer's on its own output.
   for (const auto& l : lines_of(to.pred_dir + "/local_budget4/tiny.jsonl"))
     CHECK(l["score"] == longeval_score(l["output"].get<std::string>(), l["gold"])["score"]);

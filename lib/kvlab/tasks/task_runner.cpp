@@ -107,7 +107,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
             if (!s.empty() && text.find(s) != std::string::npos) return true;
           return false;
         };
-      BranchSpec spec{branches[i].method, branches[i].budget, opt.seed, 0, 0};
+      BranchSpec spec{branches[i].method, branches[i].budget, opt.seed, opt.keep_first, opt.keep_last};
       BranchResult br = run_branch(model, pre, spec, bo);
       const std::string out = cut_at_stop(tok.decode(br.ids, true), r.stop);
       if (i == 0) exact_out = out;

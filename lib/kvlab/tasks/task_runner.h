@@ -52,6 +52,8 @@ struct TaskOptions {
   std::string pred_dir;     // <run>/pred
   uint64_t seed = 0;
   int64_t obs_queries = 256;
+  int64_t keep_first = 0;  // prompt positions kept exact before every branch's compressed region
+  int64_t keep_last = 0;   // and after it (the question, the template's last tokens)
   std::function<void(int64_t done, int64_t total, const std::string& note)> progress;
 };
 
