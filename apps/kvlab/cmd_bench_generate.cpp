@@ -74,7 +74,6 @@ double median(std::vector<double> v) {
 }
 
 void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& effective) {
-  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   KVLAB_CHECK(o.new_tokens >= 2, "--new-tokens must be >= 2, got {}", o.new_tokens);
   KVLAB_CHECK(!o.context.empty(), "--context: give at least one length");
   std::string names = o.method;
@@ -92,12 +91,15 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   ss << f.rdbuf();
   const std::vector<int64_t> ids = load_model_tokenizer(src).encode(ss.str(), /*add_bos=*/true);
   const int64_t limit = model.config.max_position_embeddings;
+
   for (int64_t c : o.context) {
     KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
     KVLAB_CHECK(limit <= 0 || c + o.new_tokens <= limit, "--context {} + --new-tokens {} exceed {}'s context of {} "
                 "positions", c, o.new_tokens, model.id, limit);
     KVLAB_CHECK(c <= int64_t(ids.size()), "--context {}: --text {} has only {} tokens", c, o.text, ids.size());
   }
+  // Once the flags are known to be good, so that a bad one still gives a single error line.
+  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
   c10::InferenceMode guard;
   nlohmann::json rows = nlohmann::json::array();

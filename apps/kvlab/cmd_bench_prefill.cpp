@@ -44,7 +44,6 @@ struct PrefillBenchOptions {
 };
 
 void run_prefill_bench(const PrefillBenchOptions& o, const nlohmann::json& /*effective*/) {
-  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   KVLAB_CHECK(o.decode >= 0, "--decode must be >= 0, got {}", o.decode);
@@ -54,6 +53,8 @@ void run_prefill_bench(const PrefillBenchOptions& o, const nlohmann::json& /*eff
   Model model = load_model(o.model, lo);
   const int64_t vocab = model.config.vocab_size;
   KVLAB_CHECK(vocab > 100, "bench prefill needs a vocabulary > 100, model has {}", vocab);
+  // Once the flags are known to be good, so that a bad one still gives a single error line.
+  if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   std::vector<int64_t> ids(o.tokens);
   for (int64_t i = 0; i < o.tokens; ++i) ids[i] = 100 + (i * 7919) % (vocab - 100);
   at::Tensor tokens = at::tensor(ids, at::kLong);  // [N]
