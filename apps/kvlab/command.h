@@ -39,7 +39,7 @@ class Command {
 };
 
 // Adds subcommand `name` under `parent`: Options' fields become flags (and config keys), and
-// `run(options, effective config)` is called when the subcommand is given.
+// `run(options, effective config)` is called when the subcommand is given (and none of its own).
 template <class Options>
 CLI::App* add_command(CLI::App& parent, const std::string& name, const std::string& description,
                       void (*run)(const Options&, const nlohmann::json&)) {
@@ -48,6 +48,8 @@ CLI::App* add_command(CLI::App& parent, const std::string& name, const std::stri
   opts->fields(cmd->fields());
   cmd->bind();
   cmd->app()->callback([opts, cmd, run] {
+    // A command with subcommands of its own (`longbench eval`) runs only when none was given.
+    if (!cmd->app()->get_subcommands().empty()) return;
     if (cmd->resolve()) run(*opts, cmd->effective());
   });
   return cmd->app();

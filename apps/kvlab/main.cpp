@@ -79,6 +79,8 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_ppl(app);
   kvlab::cli::setup_longeval(app);
   kvlab::cli::setup_niah(app);
+  kvlab::cli::setup_longbench(app);
+  kvlab::cli::setup_summarize(app);
   kvlab::cli::setup_bench_generate(app);
   kvlab::cli::setup_tsne(app);
   kvlab::cli::setup_clusterability(app);

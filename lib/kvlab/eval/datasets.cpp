@@ -87,6 +87,12 @@ std::string string_field(const json& r, const char* key, const std::string& wher
   return it->get<std::string>();
 }
 
+std::string keys_of(const json& r) {
+  std::string keys;
+  for (auto it = r.begin(); it != r.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
+  return keys;
+}
+
 json load_longbench_prompts(const std::string& data_path, const DatasetOptions& opts) {
   const std::string path = !opts.longbench_prompts.empty()
                                ? opts.longbench_prompts
@@ -123,7 +129,7 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
     KVLAB_CHECK(!r.is_discarded(), "{}: not valid JSON", where);
     KVLAB_CHECK(r.is_object(), "{}: a record must be a JSON object, found {}", where, r.type_name());
     if (first) {
-      ds.schema = detect_schema(r, where);
+      ds.schema = opts.schema ? *opts.schema : detect_schema(r, where);
       first = false;
     }
     PromptRecord rec;
@@ -132,6 +138,9 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
     rec.dataset = stem;
     switch (ds.schema) {
       case DatasetSchema::LongBench: {
+        for (const char* k : {"context", "input", "answers"})
+          KVLAB_CHECK(r.contains(k), "{}: a LongBench record needs '{}' (keys found: {})", where, k,
+                      keys_of(r));
         if (prompts.is_null()) prompts = load_longbench_prompts(spec, opts);
         rec.dataset = !opts.longbench_name.empty() ? opts.longbench_name
                       : (r.contains("dataset") && r["dataset"].is_string()) ? r["dataset"].get<std::string>()
@@ -163,6 +172,8 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
         rec.dataset = "xsum";
         rec.prompt = string_field(r, "article", where);
         if (r.contains("summary_gt")) rec.answers.push_back(string_field(r, "summary_gt", where));
+        for (const char* k : {"max_tokens", "stop"})
+          if (r.contains(k)) rec.extra[k] = r[k];
         break;
       case DatasetSchema::GenericPrompt:
       case DatasetSchema::GenericText:

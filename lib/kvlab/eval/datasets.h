@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct DatasetOptions {
   std::string longbench_prompts;
   // Overrides the LongBench dataset name (else the record's `dataset` field, else the file stem).
   std::string longbench_name;
+  // The schema every record must have (a command that reads one kind); unset = detected from the
+  // first record's keys.
+  std::optional<DatasetSchema> schema;
 };
 
 struct Dataset {

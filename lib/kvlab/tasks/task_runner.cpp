@@ -53,6 +53,38 @@ std::map<std::string, nlohmann::json> read_preds(const std::string& path) {
 
 }  // namespace
 
+nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, const std::vector<std::string>& ids,
+                                const std::map<std::string, nlohmann::json>& lines) {
+  double score = 0, same = 0, rouge = 0, secs = 0;
+  std::vector<double> means(task.mean_keys.size(), 0.0);
+  nlohmann::json per_record = nlohmann::json::object();
+  for (const auto& id : ids) {
+    auto it = lines.find(id);
+    KVLAB_CHECK(it != lines.end(), "{}: branch {} has no prediction for record '{}'", task.dataset, branch.label, id);
+    const auto& l = it->second;
+    per_record[id] = l["score"];
+    score += l["score"].get<double>();
+    same += l["same_as_exact"].get<bool>() ? 1.0 : 0.0;
+    rouge += l["rougeL_vs_exact"].get<double>();
+    secs += l["seconds"].get<double>();
+    for (size_t k = 0; k < means.size(); ++k) means[k] += l.at(task.mean_keys[k]).get<double>();
+  }
+  const double n = std::max<double>(1.0, double(ids.size()));
+  nlohmann::json row = {{"branch", branch.label},
+                        {"method", branch.method.name},
+                        {"setting", branch.method.name == "exact" ? "full" : branch.budget.label()},
+                        {"params", branch.method.compressor ? branch.method.compressor->params() : nlohmann::json()},
+                        {"dataset", task.dataset},
+                        {"n", ids.size()},
+                        {"score", 100.0 * score / n}};
+  for (size_t k = 0; k < means.size(); ++k) row[task.mean_keys[k]] = 100.0 * means[k] / n;
+  row["same_as_exact"] = same / n;
+  row["rougeL_vs_exact"] = rouge / n;
+  row["seconds_per_record"] = secs / n;
+  row["record_scores"] = per_record;
+  return row;
+}
+
 std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
   if (method.name == "exact") return "exact";
   std::string b = budget.label();
@@ -128,31 +160,10 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id);
   }
   // The summary, from every branch's lines over these records.
+  std::vector<std::string> ids;
+  for (const auto& r : records) ids.push_back(r.id);
   nlohmann::json rows = nlohmann::json::array();
-  for (size_t i = 0; i < branches.size(); ++i) {
-    double score = 0, same = 0, rouge = 0, secs = 0;
-    nlohmann::json per_record = nlohmann::json::object();
-    for (const auto& r : records) {
-      const auto& l = done[i].at(r.id);
-      per_record[r.id] = l["score"];
-      score += l["score"].get<double>();
-      same += l["same_as_exact"].get<bool>() ? 1.0 : 0.0;
-      rouge += l["rougeL_vs_exact"].get<double>();
-      secs += l["seconds"].get<double>();
-    }
-    const double n = std::max<double>(1.0, double(records.size()));
-    rows.push_back({{"branch", branches[i].label},
-                    {"method", branches[i].method.name},
-                    {"setting", branches[i].method.name == "exact" ? "full" : branches[i].budget.label()},
-                    {"params", branches[i].method.compressor->params()},
-                    {"dataset", task.dataset},
-                    {"n", records.size()},
-                    {"score", 100.0 * score / n},
-                    {"same_as_exact", same / n},
-                    {"rougeL_vs_exact", rouge / n},
-                    {"seconds_per_record", secs / n},
-                    {"record_scores", per_record}});
-  }
+  for (size_t i = 0; i < branches.size(); ++i) rows.push_back(task_summary_row(branches[i], task, ids, done[i]));
   return rows;
 }
 

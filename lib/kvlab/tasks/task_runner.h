@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct TaskSpec {
   std::string dataset;  // the prediction file's name (without .jsonl)
   // Scores one output: {"score": x in [0, 1], ...anything to keep in the prediction line}.
   std::function<nlohmann::json(const std::string& output, const nlohmann::json& gold)> score;
+  // Further numeric keys of the score (in [0, 1]) whose mean x 100 goes into the summary rows
+  // beside "score" (e.g. rouge1, rouge2, rougeL).
+  std::vector<std::string> mean_keys;
 };
 
 struct TaskBranch {
@@ -44,6 +48,10 @@ struct TaskBranch {
   MethodSpec method;
   Budget budget;
 };
+
+// One summary row of a branch over `records` from its prediction lines (id -> line); see run_task.
+nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, const std::vector<std::string>& ids,
+                                const std::map<std::string, nlohmann::json>& lines);
 
 // "exact" for the exact method, else "<method>_<budget label without '='>".
 std::string task_branch_label(const MethodSpec& method, const Budget& budget);

@@ -1,0 +1,221 @@
+// LongBench (tasks/longbench.h) and XSUM summarization (tasks/summarize.h): dataset selection, the
+// per-record scorer and eval.py's folder scoring checked by hand; `kvlab longbench` and
+// `kvlab summarize` end to end on stories260K: LongBench's prediction keys, middle truncation, a
+// killed run resumed to the same prediction files, `longbench eval` giving the run's own table,
+// and bad input (missing file, unknown dataset, record without context, --max-length above the
+// context) failing with one line that names it, nothing written lost.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvlab/tasks/longbench.h"
+#include "test_util.h"
+
+using namespace kvlab;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
+std::string longbench_dir() { return test::shared_dir() + "/data/longbench"; }
+
+std::vector<json> lines_of(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream f(path);
+  for (std::string l; std::getline(f, l);)
+    if (!l.empty()) out.push_back(json::parse(l));
+  return out;
+}
+
+// A prediction file's lines without the timing (the only field a rerun may change).
+std::vector<json> untimed(const std::string& path) {
+  auto v = lines_of(path);
+  for (auto& l : v) l.erase("seconds");
+  return v;
+}
+
+void write_lines(const std::string& path, const std::vector<json>& lines) {
+  std::ofstream f(path);
+  for (const auto& l : lines) f << l.dump() << "\n";
+}
+
+}  // namespace
+
+TEST_CASE("longbench: --datasets all / e / a list; unknown names fail naming the flag") {
+  CHECK(parse_longbench_datasets("all").datasets.size() == 21);
+  CHECK_FALSE(parse_longbench_datasets("all").e);
+  const auto e = parse_longbench_datasets("e");
+  CHECK(e.e);
+  CHECK(e.datasets.size() == 13);
+  CHECK(parse_longbench_datasets("multi_news,passage_retrieval_zh,multi_news").datasets ==
+        std::vector<std::string>{"multi_news", "passage_retrieval_zh"});
+  try {
+    parse_longbench_datasets("multi_news,multinews");
+    FAIL("expected an error");
+  } catch (const std::exception& ex) {
+    CHECK(std::string(ex.what()).find("--datasets: unknown LongBench dataset 'multinews'") != std::string::npos);
+  }
+}
+
+TEST_CASE("longbench: the scorer keeps eval.py's keys; a folder scores as eval.py's scorer / scorer_e") {
+  const auto task = longbench_task("passage_retrieval_zh");
+  const json gold = {{"answers", {"段落2"}}, {"all_classes", nullptr}, {"length", 5000}};
+  const json s = task.score("答案是段落2", gold);
+  CHECK(s["score"] == 1.0);
+  CHECK(s["pred"] == "答案是段落2");
+  CHECK(s["answers"] == json::array({"段落2"}));
+  CHECK(s["all_classes"].is_null());
+  CHECK(s["length"] == 5000);
+  // retrieval_zh by hand: the numbers in the prediction that equal the paragraph's, over all of them.
+  CHECK(task.score("段落1，段落2", gold)["score"] == 0.5);
+  CHECK(task.score("不知道", gold)["score"] == 0.0);
+
+  const std::string dir = test::temp_dir("longbench_eval_folder");
+  write_lines(dir + "/passage_retrieval_zh.jsonl",
+              {{{"pred", "段落2"}, {"answers", {"段落2"}}, {"all_classes", nullptr}, {"length", 100}},
+               {{"pred", "段落1 段落2"}, {"answers", {"段落2"}}, {"all_classes", nullptr}, {"length", 5000}},
+               {{"pred", "none"}, {"answers", {"段落2"}}, {"all_classes", nullptr}, {"length", 9000}}});
+  const json plain = longbench_eval_folder(dir, false);
+  CHECK(plain["passage_retrieval_zh"] == 50.0);  // round(100 * (1 + 0.5 + 0) / 3, 2)
+  const json buckets = longbench_eval_folder(dir, true);
+  CHECK(buckets["passage_retrieval_zh"]["0-4k"] == 100.0);
+  CHECK(buckets["passage_retrieval_zh"]["4-8k"] == 50.0);
+  CHECK(buckets["passage_retrieval_zh"]["8k+"] == 0.0);
+  write_lines(dir + "/not_a_dataset.jsonl", {{{"pred", ""}, {"answers", {""}}}});
+  CHECK_THROWS_WITH_AS(longbench_eval_folder(dir, false), doctest::Contains("not a LongBench dataset"),
+                       std::exception);
+}
+
+TEST_CASE("longbench: kvlab longbench on stories260K — eval.py's keys, truncation, resume, eval, errors") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(longbench_dir() + "/multi_news.jsonl")) {
+    MESSAGE("skipped: stories260K or LongBench's data not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("longbench_cli");
+  const std::string run = dir + "/run";
+  const std::string base = test::kvlab_bin() + " --threads 2 longbench --model " + stories_dir() + " --data-dir " +
+                           longbench_dir() + " --datasets multi_news,passage_retrieval_zh --samples 2"
+                           " --method streaming_llm,h2o --budget 16 --max-new-tokens 6 --obs-queries 8 --quiet --out ";
+  std::string out;
+  REQUIRE(test::run_command(base + run, &out) == 0);
+  INFO(out);
+  const std::vector<std::string> files = {"exact/multi_news", "exact/passage_retrieval_zh",
+                                          "streaming_llm_budget16/multi_news", "h2o_budget16/passage_retrieval_zh"};
+  for (const auto& f : files) {
+    const auto lines = lines_of(run + "/pred/" + f + ".jsonl");
+    REQUIRE(lines.size() == 2);
+    for (const char* k : {"pred", "answers", "all_classes", "length", "score", "same_as_exact", "rougeL_vs_exact"})
+      CHECK_MESSAGE(lines[0].contains(k), f, " lacks ", k);
+    // stories260K's context is 512: the records are cut in the middle to 512 - 6 - 64 tokens before the
+    // template, and the prompt fits the context with the new tokens.
+    CHECK(lines[0]["gold"]["truncated_from"].get<int64_t>() > 442);
+    CHECK(lines[0]["prompt_tokens"].get<int64_t>() + 6 <= 512);
+    CHECK(lines[0]["generated_tokens"].get<int64_t>() <= 6);
+  }
+  std::ifstream rf(run + "/result.json");
+  const json res = json::parse(rf);
+  const json table = res["longbench"];
+  REQUIRE(table.size() == 3);
+  CHECK(table[0]["branch"] == "exact");
+  CHECK(table[0]["average"].get<double>() ==
+        doctest::Approx((table[0]["multi_news"].get<double>() + table[0]["passage_retrieval_zh"].get<double>()) / 2));
+  CHECK(out.find("multi_news") != std::string::npos);
+
+  // A killed run: one branch lost its last record, another's last line was cut mid-write.
+  std::map<std::string, std::vector<json>> before;
+  for (const auto& f : files) before[f] = untimed(run + "/pred/" + f + ".jsonl");
+  {
+    auto l = lines_of(run + "/pred/exact/multi_news.jsonl");
+    std::ofstream f(run + "/pred/exact/multi_news.jsonl");
+    f << l[0].dump() << "\n" << l[1].dump().substr(0, 40);
+    auto s = lines_of(run + "/pred/h2o_budget16/passage_retrieval_zh.jsonl");
+    write_lines(run + "/pred/h2o_budget16/passage_retrieval_zh.jsonl", {s[0]});
+  }
+  REQUIRE(test::run_command(base + run, &out) == 0);
+  for (const auto& f : files) CHECK_MESSAGE(untimed(run + "/pred/" + f + ".jsonl") == before[f], f);
+
+  // `longbench eval` over the run gives the run's own table.
+  REQUIRE(test::run_command(test::kvlab_bin() + " longbench eval " + run, &out) == 0);
+  std::ifstream ef(run + "/eval/result.json");
+  const json ev = json::parse(ef);
+  REQUIRE(ev["rows"].size() == 3);
+  CHECK(ev["rows"][0] == table[0]);
+
+  // Bad input: one line naming the flag or file; the run folder's predictions stay as they were.
+  auto fails_with = [&](const std::string& cmd, const std::string& expected) {
+    std::string err;
+    CHECK(test::run_command(cmd, &err) != 0);
+    CHECK_MESSAGE(err.find(expected) != std::string::npos, err);
+  };
+  const std::string lb = test::kvlab_bin() + " longbench --model " + stories_dir() + " --quiet --out " + run;
+  const std::string empty = test::temp_dir("longbench_empty");
+  fails_with(lb + " --data-dir " + empty + " --datasets multi_news",
+             fmt::format("--data-dir {}: no multi_news.jsonl for dataset multi_news", empty));
+  fails_with(lb + " --data-dir " + longbench_dir() + " --datasets multinews", "unknown LongBench dataset 'multinews'");
+  fails_with(lb + " --data-dir " + longbench_dir() + " --datasets multi_news --max-length 100000",
+             "--max-length 100000 exceeds");
+  const std::string bad = test::temp_dir("longbench_bad");
+  fs::create_directories(bad + "/config");
+  fs::copy_file(longbench_dir() + "/config/dataset2prompt.json", bad + "/config/dataset2prompt.json");
+  fs::copy_file(longbench_dir() + "/config/dataset2maxlen.json", bad + "/config/dataset2maxlen.json");
+  write_lines(bad + "/multi_news.jsonl", {{{"input", ""}, {"answers", {"a"}}, {"_id", "x"}}});
+  fails_with(lb + " --data-dir " + bad + " --datasets multi_news", "multi_news.jsonl:1: a LongBench record needs 'context'");
+  for (const auto& f : files) CHECK_MESSAGE(untimed(run + "/pred/" + f + ".jsonl") == before[f], f);
+}
+
+TEST_CASE("summarize: kvlab summarize on stories260K — the record's stop rules, ROUGE columns, resume") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: stories260K not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("summarize_cli");
+  const std::string data = dir + "/xsum.jsonl";
+  write_lines(data, {{{"article", "###\nArticle: Lily went to the park. She saw a big dog. The dog was happy.\n\n"
+                                  "Summarize the above article in 1 sentence.\n"},
+                      {"summary_gt", "Lily saw a happy dog in the park."},
+                      {"max_tokens", 7},
+                      {"stop", {"###", "."}}},
+                     {{"article", "###\nArticle: Tom had a red ball. He gave it to his sister.\n\n"
+                                  "Summarize the above article in 1 sentence.\n"},
+                      {"summary_gt", "Tom gave his red ball to his sister."},
+                      {"max_tokens", 5},
+                      {"stop", {"###"}}}});
+  const std::string cmd = test::kvlab_bin() + " --threads 2 summarize --model " + stories_dir() + " --data " + data +
+                          " --method streaming_llm --budget 8 --obs-queries 8 --quiet --out " + dir + "/run";
+  std::string out;
+  REQUIRE(test::run_command(cmd, &out) == 0);
+  INFO(out);
+  CHECK(out.find("rouge2") != std::string::npos);
+  for (const char* b : {"exact", "streaming_llm_budget8"}) {
+    const auto lines = lines_of(dir + "/run/pred/" + std::string(b) + "/xsum.jsonl");
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0]["generated_tokens"].get<int64_t>() <= 7);
+    CHECK(lines[1]["generated_tokens"].get<int64_t>() <= 5);
+    CHECK(lines[0]["output"].get<std::string>().find('.') == std::string::npos);  // cut at the stop string
+    for (const char* k : {"rouge1", "rouge2", "rougeL"}) {
+      CHECK(lines[0][k].get<double>() >= 0.0);
+      CHECK(lines[0][k].get<double>() <= 1.0);
+    }
+    CHECK(lines[0]["score"] == lines[0]["rougeL"]);
+  }
+  std::ifstream rf(dir + "/run/result.json");
+  const json res = json::parse(rf);
+  REQUIRE(res["rows"].size() == 2);
+  const auto l0 = lines_of(dir + "/run/pred/exact/xsum.jsonl");
+  CHECK(res["rows"][0]["rouge1"].get<double>() ==
+        doctest::Approx(100.0 * (l0[0]["rouge1"].get<double>() + l0[1]["rouge1"].get<double>()) / 2));
+  const auto before = untimed(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl");
+  write_lines(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl", {lines_of(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl")[0]});
+  REQUIRE(test::run_command(cmd, &out) == 0);
+  CHECK(untimed(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl") == before);
+  std::string err;
+  CHECK(test::run_command(test::kvlab_bin() + " summarize --model " + stories_dir() + " --data " + dir +
+                              "/none.jsonl --out " + dir + "/e1",
+                          &err) != 0);
+  CHECK(err.find("--data " + dir + "/none.jsonl: no such file") != std::string::npos);
+}
