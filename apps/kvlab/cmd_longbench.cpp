@@ -52,46 +52,6 @@ struct LongBenchOptions {
   }
 };
 
-// Branches as rows, datasets as columns (eval.py's scores), the average of the datasets last.
-json score_table(const std::vector<std::pair<std::string, json>>& scored, const std::vector<std::string>& datasets) {
-  json rows = json::array();
-  for (const auto& [label, scores] : scored) {
-    json row = {{"branch", label}};
-    double sum = 0;
-    int n = 0;
-    for (const auto& d : datasets)
-      if (scores.contains(d) && scores[d].is_number()) {
-        row[d] = scores[d];
-        sum += scores[d].get<double>();
-        ++n;
-      }
-    if (n > 0) row["average"] = sum / n;
-    rows.push_back(row);
-  }
-  return rows;
-}
-
-// LongBench-E: one row per (branch, length bucket).
-json bucket_table(const std::vector<std::pair<std::string, json>>& scored, const std::vector<std::string>& datasets) {
-  json rows = json::array();
-  for (const auto& [label, scores] : scored)
-    for (const char* bucket : {"0-4k", "4-8k", "8k+"}) {
-      json row = {{"branch", label}, {"bucket", bucket}};
-      for (const auto& d : datasets)
-        if (scores.contains(d) && scores[d][bucket].is_number()) row[d] = scores[d][bucket];
-      rows.push_back(row);
-    }
-  return rows;
-}
-
-std::vector<std::string> table_columns(const std::vector<std::string>& datasets, bool e) {
-  std::vector<std::string> cols = {"branch"};
-  if (e) cols.push_back("bucket");
-  cols.insert(cols.end(), datasets.begin(), datasets.end());
-  if (!e) cols.push_back("average");
-  return cols;
-}
-
 void run_longbench(const LongBenchOptions& o, const json& effective) {
   const auto& c = o.common;
   KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", o.samples);
@@ -132,12 +92,14 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
     std::vector<TaskRecord> records;
     for (const auto& rec : data[di].records) {
       TaskRecord r = longbench_task_record(rec, tm->src, tm->tok, c.chat_template, max_length, max_new[di]);
-      // Decoding the two halves and encoding again can add tokens (a character cut at a half's edge);
+      // Decoding the two halves and encoding again can add tokens (characters cut at the edges);
       // with the automatic --max-length the cut shrinks until the record fits.
       for (int64_t cut = max_length, tries = 0; o.max_length == 0 && tm->context > 0 && tries < 16; ++tries) {
-        const int64_t excess = int64_t(r.prompt.size()) + r.max_new_tokens - tm->context;
-        if (excess <= 0 || cut <= excess) break;
-        cut -= excess;
+        const int64_t room = tm->context - r.max_new_tokens, got = int64_t(r.prompt.size());
+        if (got <= room) break;
+        // A cut byte-fallback character comes back as U+FFFD (3 byte tokens): shrink in proportion.
+        cut = std::min(cut - 1, cut * room / got - 1);
+        if (cut < 2) break;
         r = longbench_task_record(rec, tm->src, tm->tok, c.chat_template, cut, max_new[di]);
         r.gold["max_length"] = cut;
       }
@@ -152,10 +114,10 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   // The task table, scored by eval.py's rules from the prediction files.
   std::vector<std::pair<std::string, json>> scored;
   for (const auto& b : branches) scored.push_back({b.label, longbench_eval_folder(run.file("pred/" + b.label), sel.e)});
-  const json table = sel.e ? bucket_table(scored, sel.datasets) : score_table(scored, sel.datasets);
+  const json table = longbench_score_table(scored, sel.datasets, sel.e);
   run.write_result(ctx, rows, {{"complete", true}, {"longbench", table}, {"longbench_e", sel.e}});
   std::cout << "LongBench scores (eval.py's metrics, x100)\n"
-            << render_table(table, table_columns(sel.datasets, sel.e)) << "\n"
+            << render_table(table, longbench_table_columns(sel.datasets, sel.e)) << "\n"
             << "Fidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
                                    "seconds_per_record"});
@@ -199,12 +161,12 @@ void run_longbench_eval(const LongBenchEvalOptions& o, const json& effective) {
   for (const auto& [label, scores] : scored)
     for (auto it = scores.begin(); it != scores.end(); ++it)
       if (std::find(datasets.begin(), datasets.end(), it.key()) == datasets.end()) datasets.push_back(it.key());
-  const json table = o.e ? bucket_table(scored, datasets) : score_table(scored, datasets);
+  const json table = longbench_score_table(scored, datasets, o.e);
   json per_folder = json::object();
   for (const auto& [label, scores] : scored) per_folder[label] = scores;
   RunDir run(o.out.empty() ? o.dir + "/eval" : o.out, "longbench-eval", effective, /*exact=*/true, o.overwrite);
   run.write_result(context_block("cpu", 0, effective), table, {{"scores", per_folder}, {"longbench_e", o.e}});
-  std::cout << render_table(table, table_columns(datasets, o.e));
+  std::cout << render_table(table, longbench_table_columns(datasets, o.e));
   fmt::print(stderr, "[longbench eval] wrote {}\n", run.file("result.json"));
 }
 

@@ -1,12 +1,15 @@
 // kvlab merge DIR... --out DIR: joins the result.json of replay shards (--shard i/N) into one
 // run, checking they share one config, and recomputes the aggregates. Given one sweep folder
 // (`kvlab sweep --emit-jobs`, its jobs run elsewhere), gathers the rows of all its points instead.
+// Shards of an end-to-end task (longbench, longeval, niah, summarize) are joined with their
+// prediction files.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <iostream>
 #include <memory>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "command.h"
@@ -17,6 +20,8 @@
 #include "kvlab/core/sweep.h"
 #include "kvlab/replay/plan.h"
 #include "kvlab/replay/tables.h"
+#include "kvlab/tasks/longbench.h"
+#include "kvlab/tasks/task_merge.h"
 
 namespace kvlab::cli {
 namespace {
@@ -47,6 +52,46 @@ void merge_sweep(const MergeOptions& o, const nlohmann::json& effective) {
   fmt::print(stderr, "[merge] sweep {}: {} rows from {} points -> {}\n", dir, rows.size(), done, run.file("result.json"));
 }
 
+// The shards of an end-to-end task (longeval, niah, longbench, summarize): prediction files
+// interleaved back into record order, summary rows joined, LongBench's table scored again.
+void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, const nlohmann::json& base_config,
+                       const std::map<int, std::pair<std::string, nlohmann::json>>& by_shard) {
+  std::vector<std::string> dirs;
+  std::vector<nlohmann::json> shard_rows;
+  nlohmann::json contexts = nlohmann::json::array();
+  for (const auto& [i, dj] : by_shard) {
+    dirs.push_back(dj.first);
+    shard_rows.push_back(dj.second["rows"]);
+    contexts.push_back(dj.second["context"]);
+  }
+  RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
+  const int files = merge_task_preds(dirs, run.path());
+  nlohmann::json rows = merge_task_rows(shard_rows);
+  auto context = context_block("cpu", 0, base_config);
+  context["merged_from"] = contexts;
+  nlohmann::json extra = {{"complete", true}};
+  const nlohmann::json& first = by_shard.begin()->second.second;
+  if (first.contains("longbench")) {  // eval.py's scores need every record: scored again over the joined files
+    const bool e = first.value("longbench_e", false);
+    std::vector<std::string> datasets;
+    for (const auto& r : rows)
+      if (std::find(datasets.begin(), datasets.end(), r["dataset"].get<std::string>()) == datasets.end())
+        datasets.push_back(r["dataset"].get<std::string>());
+    std::vector<std::pair<std::string, nlohmann::json>> scored;
+    for (const auto& r : rows)
+      if (r["dataset"] == datasets.front())
+        scored.push_back({r["branch"].get<std::string>(),
+                          longbench_eval_folder(run.file("pred/" + r["branch"].get<std::string>()), e)});
+    extra["longbench"] = longbench_score_table(scored, datasets, e);
+    extra["longbench_e"] = e;
+    std::cout << render_table(extra["longbench"], longbench_table_columns(datasets, e)) << "\n";
+  }
+  run.write_result(context, rows, extra);
+  std::cout << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact"});
+  fmt::print(stderr, "[merge] {} shards of a task run: {} rows, {} prediction files -> {}\n", dirs.size(), rows.size(),
+             files, run.path());
+}
+
 void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(!o.inputs.empty(), "merge: give the shard run directories (or one sweep folder) to merge");
   namespace fs = std::filesystem;
@@ -65,12 +110,13 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   nlohmann::json skipped;  // replay --skip-nonfinite: the shards' skipped units, joined
   nlohmann::json base_config;
   std::set<std::string> seen_shards;
+  std::map<int, std::pair<std::string, nlohmann::json>> by_shard;  // index -> (run folder, result.json)
   int expected_n = -1;
   for (const auto& in : o.inputs) {
     std::string file = in.size() > 5 && in.substr(in.size() - 5) == ".json" ? in : in + "/result.json";
     auto j = read_json_file(file);
     KVLAB_CHECK(j.contains("context") && j.contains("rows") && j["context"].contains("config"),
-                "merge: '{}' is not a kvlab replay result (no context/config/rows)", file);
+                "merge: '{}' is not a kvlab replay or task result (no context/config/rows)", file);
     KVLAB_CHECK(j.value("complete", false), "merge: '{}' is incomplete (its run did not finish)", file);
     auto config = j["context"]["config"];
     std::string shard = config.value("shard", "0/1");
@@ -83,6 +129,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     if (base_config.is_null()) base_config = config;
     KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
                 o.inputs.front(), config.dump(), base_config.dump());
+    by_shard[i] = {fs::is_directory(in) ? in : fs::path(in).parent_path().string(), j};
     for (auto& r : j["rows"]) rows.push_back(r);
     if (j.contains("skipped_nonfinite"))
       for (auto& u : j["skipped_nonfinite"].value("units", nlohmann::json::array())) skipped.push_back(u);
@@ -90,6 +137,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   }
   KVLAB_CHECK(int(seen_shards.size()) == expected_n, "merge: {} of {} shards given; missing shards would bias the "
               "aggregate", seen_shards.size(), expected_n);
+  if (!rows.empty() && rows[0].contains("record_scores")) return merge_task_shards(o, effective, base_config, by_shard);
   RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
   auto context = context_block("cpu", 0, base_config);
   context["merged_from"] = shards;

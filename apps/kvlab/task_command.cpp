@@ -5,6 +5,7 @@
 #include "kvlab/core/device.h"
 #include "kvlab/core/progress.h"
 #include "kvlab/model/model_tokenizer.h"
+#include "kvlab/replay/plan.h"
 
 namespace kvlab::cli {
 
@@ -23,6 +24,7 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("seed", seed, "seed of random methods");
   f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
   f.add("device", device, "cpu | cuda | cuda:N");
+  f.add("shard", shard, "i/N: only records i, i+N, i+2N, ... of each dataset (kvlab merge joins the shards)");
   f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>); the same --out resumes");
   f.add("name", name, "experiment name (the results subfolder)");
   f.add("results_dir", results_dir, "base directory of results");
@@ -32,6 +34,7 @@ void TaskCommonOptions::fields(FieldList& f) {
 
 std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
+  parse_shard(o.shard);  // a bad --shard fails before the model loads
   KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
               o.keep_first, o.keep_last);
   std::string names = o.method;
@@ -71,9 +74,13 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.obs_queries = o.obs_queries;
   to.keep_first = o.keep_first;
   to.keep_last = o.keep_last;
-  Progress progress(o.name + " " + task.dataset, int64_t(records.size()), !o.quiet);
+  const auto [shard_i, shard_n] = parse_shard(o.shard);
+  std::vector<TaskRecord> mine;
+  for (size_t k = 0; k < records.size(); ++k)
+    if (int(k % size_t(shard_n)) == shard_i) mine.push_back(records[k]);
+  Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note) { progress.advance(1, note); };
-  nlohmann::json got = run_task(tm.model, tm.tok, task, records, branches, to);
+  nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
   for (auto& row : got) rows.push_back(row);
   progress.finish();
   run.write_result(ctx, rows, {{"complete", last}});

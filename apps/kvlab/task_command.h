@@ -33,6 +33,7 @@ struct TaskCommonOptions {
   int64_t seed = 42;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  std::string shard = "0/1";
   std::string out;
   std::string name;  // set by the command ("longeval", "niah", ...)
   std::string results_dir = "results";

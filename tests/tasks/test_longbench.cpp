@@ -219,3 +219,39 @@ TEST_CASE("summarize: kvlab summarize on stories260K — the record's stop rules
                           &err) != 0);
   CHECK(err.find("--data " + dir + "/none.jsonl: no such file") != std::string::npos);
 }
+
+TEST_CASE("longbench: --shard i/N runs and kvlab merge give the unsharded run's predictions and table") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(longbench_dir() + "/multi_news.jsonl")) {
+    MESSAGE("skipped: stories260K or LongBench's data not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("longbench_shards");
+  const std::string base = test::kvlab_bin() + " --threads 2 longbench --model " + stories_dir() + " --data-dir " +
+                           longbench_dir() + " --datasets passage_retrieval_zh,multi_news --samples 5"
+                           " --method streaming_llm --budget 16 --max-new-tokens 4 --obs-queries 8 --quiet";
+  std::string out;
+  REQUIRE(test::run_command(base + " --out " + dir + "/whole", &out) == 0);
+  REQUIRE(test::run_command(base + " --shard 0/2 --out " + dir + "/s0", &out) == 0);
+  REQUIRE(test::run_command(base + " --shard 1/2 --out " + dir + "/s1", &out) == 0);
+  CHECK(lines_of(dir + "/s0/pred/exact/multi_news.jsonl").size() == 3);  // records 0, 2, 4
+  CHECK(lines_of(dir + "/s1/pred/exact/multi_news.jsonl").size() == 2);
+  // An incomplete set of shards is refused.
+  CHECK(test::run_command(test::kvlab_bin() + " merge " + dir + "/s1 --out " + dir + "/partial", &out) != 0);
+  CHECK(out.find("1 of 2 shards") != std::string::npos);
+  REQUIRE(test::run_command(test::kvlab_bin() + " merge " + dir + "/s1 " + dir + "/s0 --out " + dir + "/merged", &out) ==
+          0);
+  for (const char* f : {"exact/multi_news", "exact/passage_retrieval_zh", "streaming_llm_budget16/multi_news",
+                        "streaming_llm_budget16/passage_retrieval_zh"})
+    CHECK_MESSAGE(untimed(dir + "/merged/pred/" + f + ".jsonl") == untimed(dir + "/whole/pred/" + f + ".jsonl"), f);
+  std::ifstream wf(dir + "/whole/result.json"), mf(dir + "/merged/result.json");
+  const json whole = json::parse(wf), merged = json::parse(mf);
+  CHECK(merged["longbench"] == whole["longbench"]);
+  REQUIRE(merged["rows"].size() == whole["rows"].size());
+  for (size_t i = 0; i < whole["rows"].size(); ++i) {
+    CHECK(merged["rows"][i]["n"] == whole["rows"][i]["n"]);
+    CHECK(merged["rows"][i]["record_scores"] == whole["rows"][i]["record_scores"]);
+    CHECK(merged["rows"][i]["score"].get<double>() == doctest::Approx(whole["rows"][i]["score"].get<double>()));
+    CHECK(merged["rows"][i]["rougeL_vs_exact"].get<double>() ==
+          doctest::Approx(whole["rows"][i]["rougeL_vs_exact"].get<double>()));
+  }
+}

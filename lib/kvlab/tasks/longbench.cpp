@@ -168,4 +168,40 @@ json longbench_eval_folder(const std::string& folder, bool e) {
   return scores;
 }
 
+json longbench_score_table(const std::vector<std::pair<std::string, json>>& scored,
+                           const std::vector<std::string>& datasets, bool e) {
+  json rows = json::array();
+  for (const auto& [label, scores] : scored) {
+    if (e) {
+      for (const char* bucket : {"0-4k", "4-8k", "8k+"}) {
+        json row = {{"branch", label}, {"bucket", bucket}};
+        for (const auto& d : datasets)
+          if (scores.contains(d) && scores[d][bucket].is_number()) row[d] = scores[d][bucket];
+        rows.push_back(row);
+      }
+      continue;
+    }
+    json row = {{"branch", label}};
+    double sum = 0;
+    int n = 0;
+    for (const auto& d : datasets)
+      if (scores.contains(d) && scores[d].is_number()) {
+        row[d] = scores[d];
+        sum += scores[d].get<double>();
+        ++n;
+      }
+    if (n > 0) row["average"] = sum / n;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<std::string> longbench_table_columns(const std::vector<std::string>& datasets, bool e) {
+  std::vector<std::string> cols = {"branch"};
+  if (e) cols.push_back("bucket");
+  cols.insert(cols.end(), datasets.begin(), datasets.end());
+  if (!e) cols.push_back("average");
+  return cols;
+}
+
 }  // namespace kvlab

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvlab/eval/datasets.h"
@@ -53,5 +54,12 @@ TaskSpec longbench_task(const std::string& dataset);
 // (NaN for an empty bucket is written as null). Files whose stem is not a LongBench dataset throw,
 // as eval.py's dataset2metric lookup does; so does a line without "pred" or "answers".
 nlohmann::json longbench_eval_folder(const std::string& folder, bool e);
+
+// The table of BalanceKV Table 1 / Chelsea Table 2 from (label, longbench_eval_folder scores): one row
+// per label with a column per dataset and the datasets' mean as "average"; with `e`, one row per
+// (label, "bucket") and no average.
+nlohmann::json longbench_score_table(const std::vector<std::pair<std::string, nlohmann::json>>& scored,
+                                     const std::vector<std::string>& datasets, bool e);
+std::vector<std::string> longbench_table_columns(const std::vector<std::string>& datasets, bool e);
 
 }  // namespace kvlab

@@ -1,0 +1,84 @@
+#include "kvlab/tasks/task_merge.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+json merge_task_rows(const std::vector<json>& shard_rows) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<json>> groups;
+  for (const auto& rows : shard_rows)
+    for (const auto& r : rows) {
+      const std::string key = r.at("branch").get<std::string>() + "\n" + r.at("dataset").get<std::string>();
+      if (!groups.count(key)) order.push_back(key);
+      groups[key].push_back(r);
+    }
+  json out = json::array();
+  for (const auto& key : order) {
+    const auto& parts = groups[key];
+    double n = 0;
+    for (const auto& r : parts) n += r.at("n").get<double>();
+    json m = parts.front();
+    m["n"] = int64_t(n);
+    m["record_scores"] = json::object();
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (it.key() == "n" || it.key() == "record_scores") continue;
+      if (it.value().is_number_float() || (it.value().is_number() && it.key() != "n")) {
+        double s = 0;
+        for (const auto& r : parts) s += r.at(it.key()).get<double>() * r.at("n").get<double>();
+        it.value() = n > 0 ? s / n : 0.0;
+      } else {
+        for (const auto& r : parts)
+          KVLAB_CHECK(r.value(it.key(), json()) == it.value(), "merge: shards disagree on '{}' of {} ({} vs {})",
+                      it.key(), key, r.value(it.key(), json()).dump(), it.value().dump());
+      }
+    }
+    for (const auto& r : parts)
+      for (auto it = r["record_scores"].begin(); it != r["record_scores"].end(); ++it) {
+        KVLAB_CHECK(!m["record_scores"].contains(it.key()), "merge: record '{}' of {} is in two shards", it.key(), key);
+        m["record_scores"][it.key()] = it.value();
+      }
+    out.push_back(m);
+  }
+  return out;
+}
+
+int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::string& out_dir) {
+  std::set<std::string> rel;  // <branch>/<dataset>.jsonl
+  for (const auto& d : shard_dirs) {
+    const fs::path pred = fs::path(d) / "pred";
+    if (!fs::is_directory(pred)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(pred))
+      if (e.is_regular_file() && e.path().extension() == ".jsonl")
+        rel.insert(fs::relative(e.path(), pred).generic_string());
+  }
+  for (const auto& r : rel) {
+    std::vector<std::vector<std::string>> lines(shard_dirs.size());
+    for (size_t s = 0; s < shard_dirs.size(); ++s) {
+      std::ifstream in(fs::path(shard_dirs[s]) / "pred" / r);
+      for (std::string l; std::getline(in, l);)
+        if (!l.empty()) lines[s].push_back(l);
+    }
+    const fs::path dst = fs::path(out_dir) / "pred" / r;
+    fs::create_directories(dst.parent_path());
+    std::ofstream out(dst, std::ios::trunc);
+    for (size_t j = 0;; ++j) {
+      bool any = false;
+      for (const auto& l : lines)
+        if (j < l.size()) out << l[j] << "\n", any = true;
+      if (!any) break;
+    }
+    KVLAB_CHECK(out.good(), "{}: write failed", dst.string());
+  }
+  return int(rel.size());
+}
+
+}  // namespace kvlab

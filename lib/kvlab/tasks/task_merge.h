@@ -1,0 +1,21 @@
+// Joining the shards of an end-to-end task run (`--shard i/N`: shard i ran records i, i+N, ...).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvlab {
+
+// The summary rows of every shard (task_runner.h's rows) as one row per (branch, dataset), in
+// first-seen order: "n" summed, every other number the n-weighted mean, "record_scores" joined;
+// strings and "params" must agree across shards.
+nlohmann::json merge_task_rows(const std::vector<nlohmann::json>& shard_rows);
+
+// pred/<branch>/<dataset>.jsonl of the shards (run folders in shard order 0..N-1) interleaved back
+// into record order (line j of shard s is record j*N + s) under out_dir/pred/. Returns the number
+// of files written.
+int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::string& out_dir);
+
+}  // namespace kvlab
