@@ -16,7 +16,7 @@ Fn find(const char* symbol) {
 }  // namespace
 
 BlasInfo blas_info() {
-  BlasInfo b{"unknown", "unknown", 0};
+  BlasInfo b{"unknown", "unknown", 0, ""};
   if (auto config = find<char* (*)()>("openblas_get_config")) b.name = config();
   if (auto parallel = find<int (*)()>("openblas_get_parallel")) {
     const int p = parallel();  // OpenBLAS: 0 sequential, 1 pthreads, 2 OpenMP

@@ -32,7 +32,8 @@ void Progress::draw(const std::string& note) {
     int decile = static_cast<int>(frac * 10);
     if (decile == last_decile_) return;
     last_decile_ = decile;
-    fmt::print(stderr, "{}: {}/{} ({:.0f}%) {:.1f}s {}\n", label_, done_, total_, frac * 100, elapsed, note);
+    fmt::print(stderr, "{}: {}/{} ({:.0f}%) {:.1f}s eta {:.0f}s {}\n", label_, done_, total_, frac * 100, elapsed,
+               eta, note);
   }
   std::fflush(stderr);
 }
