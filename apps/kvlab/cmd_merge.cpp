@@ -67,6 +67,7 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
   RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
   const int files = merge_task_preds(dirs, run.path());
   nlohmann::json rows = merge_task_rows(shard_rows);
+  refresh_task_fidelity(run.path(), rows);
   auto context = context_block("cpu", 0, base_config);
   context["merged_from"] = contexts;
   nlohmann::json extra = {{"complete", true}};

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/tasks/longbench.h"
 #include "test_util.h"
 
@@ -254,4 +255,22 @@ TEST_CASE("longbench: --shard i/N runs and kvlab merge give the unsharded run's 
     CHECK(merged["rows"][i]["rougeL_vs_exact"].get<double>() ==
           doctest::Approx(whole["rows"][i]["rougeL_vs_exact"].get<double>()));
   }
+}
+
+TEST_CASE("tasks: fidelity ROUGE-L is rouge-score's ROUGE-L on English and counts CJK characters") {
+  // English: exactly rouge-score's ROUGE-L F1 (eval/metrics/rouge_google.h is checked against the package).
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"The cat sat on the mat.", "the cat was on a mat"},
+           {"Summary: it rained in Paris, 2014.", "In 2014 it rained; Paris!"},
+           {"café au lait", "cafe au lait"},
+           {"", "anything"}})
+    CHECK(fidelity_rouge_l(a, b) == doctest::Approx(eval::google_rouge(a, b, false).rougeL.fmeasure).epsilon(1e-15));
+  // Chinese: rouge-score drops every CJK character (0 even for identical outputs); here each is a token.
+  CHECK(eval::google_rouge("厦门大学。", "厦门大学。", false).rougeL.fmeasure == 0.0);
+  CHECK(fidelity_rouge_l("厦门大学。", "厦门大学。") == 1.0);
+  // LCS by hand: 厦 门 大 学 vs 厦 门 理 工 大 学 -> lcs 4, P = 4/6, R = 4/4, F = 0.8.
+  CHECK(fidelity_rouge_l("厦门大学", "厦门理工大学") == doctest::Approx(0.8));
+  // Mixed: tokens 段 落 27 vs 段 落 3 -> lcs 2, F = 2/3.
+  CHECK(fidelity_rouge_l("段落27", "段落3") == doctest::Approx(2.0 / 3.0));
+  CHECK(fidelity_rouge_l("x\xe5\xa4", "x") == 1.0);  // a cut character does not throw
 }

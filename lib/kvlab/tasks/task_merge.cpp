@@ -6,6 +6,7 @@
 #include <set>
 
 #include "kvlab/core/check.h"
+#include "kvlab/tasks/task_runner.h"
 
 namespace kvlab {
 
@@ -79,6 +80,44 @@ int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::stri
     KVLAB_CHECK(out.good(), "{}: write failed", dst.string());
   }
   return int(rel.size());
+}
+
+namespace {
+std::vector<json> read_lines(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) out.push_back(json::parse(l));
+  return out;
+}
+}  // namespace
+
+void refresh_task_fidelity(const std::string& run_dir, json& rows) {
+  for (auto& row : rows) {
+    const std::string dataset = row.at("dataset").get<std::string>(), branch = row.at("branch").get<std::string>();
+    const fs::path exact_file = fs::path(run_dir) / "pred" / "exact" / (dataset + ".jsonl");
+    const fs::path file = fs::path(run_dir) / "pred" / branch / (dataset + ".jsonl");
+    std::map<std::string, std::string> exact;
+    for (const auto& l : read_lines(exact_file)) exact[l.at("id").get<std::string>()] = l.at("output").get<std::string>();
+    auto lines = read_lines(file);
+    double same = 0, rouge = 0;
+    for (auto& l : lines) {
+      auto it = exact.find(l.at("id").get<std::string>());
+      KVLAB_CHECK(it != exact.end(), "{}: record '{}' has no full-cache output in {}", file.string(),
+                  l.at("id").get<std::string>(), exact_file.string());
+      const std::string out = l.at("output").get<std::string>();
+      l["same_as_exact"] = out == it->second;
+      l["rougeL_vs_exact"] = fidelity_rouge_l(it->second, out);
+      same += out == it->second ? 1.0 : 0.0;
+      rouge += l["rougeL_vs_exact"].get<double>();
+    }
+    std::ofstream f(file, std::ios::trunc);
+    for (const auto& l : lines) f << l.dump() << "\n";
+    KVLAB_CHECK(f.good(), "{}: write failed", file.string());
+    const double n = std::max<double>(1.0, double(lines.size()));
+    row["same_as_exact"] = same / n;
+    row["rougeL_vs_exact"] = rouge / n;
+  }
 }
 
 }  // namespace kvlab

@@ -18,4 +18,10 @@ nlohmann::json merge_task_rows(const std::vector<nlohmann::json>& shard_rows);
 // of files written.
 int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::string& out_dir);
 
+// Fidelity computed again from the outputs of the joined prediction files under run_dir/pred/: each
+// line's same_as_exact and rougeL_vs_exact (fidelity_rouge_l) against pred/exact's output for the
+// same record, the files rewritten, and the rows' means updated. Shards decoded by an older kvlab
+// thus join with the current fidelity measure; the outputs are untouched.
+void refresh_task_fidelity(const std::string& run_dir, nlohmann::json& rows);
+
 }  // namespace kvlab

@@ -11,6 +11,7 @@
 
 #include "kvlab/core/check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
+#include "kvlab/eval/metrics/unicode.h"
 #include "kvlab/generate/branches.h"
 
 namespace kvlab {
@@ -51,7 +52,52 @@ std::map<std::string, nlohmann::json> read_preds(const std::string& path) {
   return out;
 }
 
+bool is_cjk(char32_t c) {
+  return (c >= 0x3040 && c <= 0x30FF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) ||
+         (c >= 0xAC00 && c <= 0xD7AF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x20000 && c <= 0x2A6DF);
+}
+
+// rouge-score's tokens of the text between CJK characters, each CJK character a token.
+std::vector<std::string> fidelity_tokens(const std::string& text) {
+  std::vector<std::string> out;
+  std::u32string u;
+  try {
+    u = eval::utf8_decode(text);
+  } catch (const std::exception&) {  // a generation cut inside a character: its bytes become U+FFFD
+    for (unsigned char b : text) u.push_back(b < 0x80 ? char32_t(b) : char32_t(0xFFFD));
+  }
+  std::u32string segment;
+  auto flush = [&] {
+    for (auto& t : eval::google_rouge_tokenize(eval::utf8_encode(segment), false)) out.push_back(std::move(t));
+    segment.clear();
+  };
+  for (char32_t c : u) {
+    if (!is_cjk(c)) {
+      segment.push_back(c);
+      continue;
+    }
+    flush();
+    out.push_back(eval::utf8_encode(std::u32string(1, c)));
+  }
+  flush();
+  return out;
+}
+
 }  // namespace
+
+double fidelity_rouge_l(const std::string& reference, const std::string& output) {
+  const auto a = fidelity_tokens(reference), b = fidelity_tokens(output);
+  if (a.empty() || b.empty()) return 0.0;
+  std::vector<int64_t> prev(b.size() + 1, 0), cur(b.size() + 1, 0);  // LCS, row by row
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : std::max(prev[j], cur[j - 1]);
+    std::swap(prev, cur);
+  }
+  const double lcs = double(prev[b.size()]);
+  const double p = lcs / double(b.size()), r = lcs / double(a.size());
+  return p + r > 0 ? 2 * p * r / (p + r) : 0.0;
+}
 
 nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, const std::vector<std::string>& ids,
                                 const std::map<std::string, nlohmann::json>& lines) {
@@ -148,7 +194,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
       line["same_as_exact"] = out == exact_out;
-      line["rougeL_vs_exact"] = eval::google_rouge(exact_out, out, false).rougeL.fmeasure;
+      line["rougeL_vs_exact"] = fidelity_rouge_l(exact_out, out);
       line["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
                         (i == 0 ? pre.seconds : 0.0);
       std::ofstream f(files[i], std::ios::app);

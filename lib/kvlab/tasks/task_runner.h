@@ -49,6 +49,12 @@ struct TaskBranch {
   Budget budget;
 };
 
+// Fidelity of an output to the full cache's: ROUGE-L F1 of rouge-score (eval/metrics/rouge_google.h:
+// lowercase, runs outside [a-z0-9] split, LCS, F = 2PR / (P + R)), except that every CJK character
+// (Han, kana, Hangul) is a token of its own: rouge-score drops them, which scores every Chinese
+// output 0, even against itself. Text without CJK scores exactly as rouge-score's ROUGE-L.
+double fidelity_rouge_l(const std::string& reference, const std::string& output);
+
 // One summary row of a branch over `records` from its prediction lines (id -> line); see run_task.
 nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, const std::vector<std::string>& ids,
                                 const std::map<std::string, nlohmann::json>& lines);
