@@ -85,7 +85,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   std::ifstream f(o.text, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -100,7 +100,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   }
   // Once the flags are known to be good, so that a bad one still gives a single error line.
   if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   c10::InferenceMode guard;
   nlohmann::json rows = nlohmann::json::array();
   int prefills = 0;

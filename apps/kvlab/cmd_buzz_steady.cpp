@@ -56,7 +56,7 @@ void run_buzz_steady(const BuzzSteadyOptions& o, const nlohmann::json& effective
                     {"sampled_over_window", s.sampled_over_window}, {"evictions", s.evictions},
                     {"peak_size", s.peak_size}});
   }
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   run.write_result(context_block("cpu", 0, effective), rows, {{"complete", true}});
   std::cout << render_table(rows, {"t_over_w_asked", "window", "threshold", "t_over_w", "sampled_mean", "sampled_min",
                                    "sampled_max", "sampled_over_window", "fixed_point", "theorem_ratio", "peak_size"});

@@ -90,7 +90,7 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
   ModelSource src = resolve_model(o.model, "--model");
   ModelLoadOptions lo;
   lo.device = parse_device(o.device, "--device");
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   const ModelConfig& c = model.config;
   const int64_t ctx = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
   KVLAB_CHECK(o.tokens <= ctx, "--tokens {} exceeds the model's context of {} tokens", o.tokens, ctx);

@@ -106,7 +106,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
   copt.silhouette_k = o.silhouette_k;
   copt.delta_fractions = o.delta_fractions;
 
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   nlohmann::json rows = nlohmann::json::array(), qnorms = nlohmann::json::array();
   // r(k)/diameter curves per (layer, kind): mean, min and max over samples and KV heads.
   std::map<std::pair<int, std::string>, std::vector<std::vector<double>>> curves, curves_r1;

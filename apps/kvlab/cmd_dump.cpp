@@ -193,7 +193,7 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
     source_name = o.prompt_file.empty() ? "prompt" : o.prompt_file;
   }
 
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   const ModelConfig& c = model.config;
   Tokenizer tok = load_model_tokenizer(src);
   const std::vector<int> layers = parse_layers(o.layers, c.n_layers);

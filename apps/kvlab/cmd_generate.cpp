@@ -145,7 +145,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
   auto t0 = std::chrono::steady_clock::now();
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   std::unique_ptr<Tokenizer> tok;

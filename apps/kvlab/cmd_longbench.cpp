@@ -81,9 +81,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   KVLAB_CHECK(tm->context <= 0 || o.max_length <= tm->context, "--max-length {} exceeds {}'s context of {} tokens",
               o.max_length, tm->model.id, tm->context);
 
-  RunDir run(c.out.empty() ? c.results_dir : c.out, c.name, effective, !c.out.empty(), c.overwrite);
-  auto ctx = context_block(c.device, static_cast<uint64_t>(c.seed), effective);
-  ctx["model_id"] = tm->model.id;
+  const auto [run, ctx] = open_task_run(c, *tm, effective);
   json rows = json::array();
   for (size_t di = 0; di < data.size(); ++di) {
     const std::string& d = sel.datasets[di];

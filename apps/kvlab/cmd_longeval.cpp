@@ -58,9 +58,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
 
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
-  RunDir run(c.out.empty() ? c.results_dir : c.out, c.name, effective, !c.out.empty(), c.overwrite);
-  auto ctx = context_block(c.device, static_cast<uint64_t>(c.seed), effective);
-  ctx["model_id"] = tm->model.id;
+  const auto [run, ctx] = open_task_run(c, *tm, effective);
   nlohmann::json rows = nlohmann::json::array();
   for (size_t fi = 0; fi < files.size(); ++fi) {
     std::vector<TaskRecord> records;

@@ -93,9 +93,7 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       records.push_back(std::move(r));
     }
 
-  RunDir run(c.out.empty() ? c.results_dir : c.out, c.name, effective, !c.out.empty(), c.overwrite);
-  auto ctx = context_block(c.device, static_cast<uint64_t>(c.seed), effective);
-  ctx["model_id"] = tm->model.id;
+  const auto [run, ctx] = open_task_run(c, *tm, effective);
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, run, ctx, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
   std::vector<NiahPanel> panels;

@@ -87,7 +87,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   Tokenizer tok = load_model_tokenizer(src);
   std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/true);
   const int64_t context = model.config.max_position_embeddings;
@@ -100,7 +100,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   for (const auto& m : methods)
     for (int64_t c : o.cache_size) branches.push_back({m, c, static_cast<uint64_t>(o.seed)});
   check_ppl_branches(model, branches);
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   fmt::print(stderr, "[ppl] {} tokens of {}, {} branches (each token by token) + the full cache -> {}\n", ids.size(),
              o.text, branches.size(), run.path());
   Progress progress("ppl", int64_t(ids.size()) - 1, !o.quiet);

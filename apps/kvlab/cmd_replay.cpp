@@ -160,7 +160,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   std::set<std::pair<int64_t, int>> done;            // (sample, layer) units already measured
   const std::string checkpoint = o.out + "/result.json";
   const bool resumable = !o.out.empty() && !o.overwrite && std::filesystem::exists(checkpoint);
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   if (resumable) {
     const nlohmann::json prev = read_json_file(checkpoint);
     if (!prev.value("complete", true)) {

@@ -57,9 +57,7 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
     records.push_back(std::move(r));
   }
-  RunDir run(c.out.empty() ? c.results_dir : c.out, c.name, effective, !c.out.empty(), c.overwrite);
-  auto ctx = context_block(c.device, static_cast<uint64_t>(c.seed), effective);
-  ctx["model_id"] = tm->model.id;
+  const auto [run, ctx] = open_task_run(c, *tm, effective);
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer), records, branches, rows, /*last=*/true);
   std::cout << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"

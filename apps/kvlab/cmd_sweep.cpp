@@ -85,7 +85,7 @@ void run_sweep(const SweepOptions& o, const nlohmann::json& effective) {
               "point into (on storage the cluster's nodes share)", o.emit_jobs);
   const std::string self = fs::canonical("/proc/self/exe").string();
 
-  RunDir run(o.out.empty() ? o.results_dir : o.out, spec.name, raw, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, spec.name, raw, o.overwrite);
   const std::string out_abs = fs::absolute(run.path()).lexically_normal().string();
   const std::string cfg_dir = o.emit_jobs.empty() ? out_abs : fs::absolute(o.emit_jobs).lexically_normal().string();
   fs::create_directories(cfg_dir + "/points");

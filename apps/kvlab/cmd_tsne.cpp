@@ -99,7 +99,7 @@ void run_tsne(const TsneCmdOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(o.trust_k >= 1 && 2 * o.trust_k < n, "--trust-k must be in [1, {}) for {} tokens, got {}", (n + 1) / 2, n,
               o.trust_k);
 
-  RunDir run(o.out.empty() ? o.results_dir : o.out, o.name, effective, !o.out.empty(), o.overwrite);
+  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   nlohmann::json rows = nlohmann::json::array();
   std::vector<TsnePanel> panels;
   std::string csv = "layer,kv_head,kind,position,x,y,centre_rank\n";

@@ -4,6 +4,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/device.h"
 #include "kvlab/core/progress.h"
+#include "kvlab/core/provenance.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/replay/plan.h"
 
@@ -58,10 +59,17 @@ std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o) {
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
-  Model model = src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, lo) : load_model_hf(src, lo);
+  Model model = load_model(src, lo);
   Tokenizer tok = load_model_tokenizer(src);
   const int64_t context = model.config.max_position_embeddings;
   return std::make_unique<TaskModel>(TaskModel{src, std::move(model), std::move(tok), context});
+}
+
+TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective) {
+  TaskRun tr{open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite),
+             context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
+  tr.ctx["model_id"] = tm.model.id;
+  return tr;
 }
 
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,

@@ -54,6 +54,14 @@ struct TaskModel {
 };
 std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o);
 
+// The run folder (--out, or a new one under --results-dir) and result.json's context block
+// (provenance, config, the model's id).
+struct TaskRun {
+  RunDir run;
+  nlohmann::json ctx;
+};
+TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
+
 // Runs one dataset's records through the branches with a progress line, then rewrites
 // result.json with every row so far (`complete` when this was the last dataset).
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,

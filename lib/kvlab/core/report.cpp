@@ -133,6 +133,11 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
   write_json_atomic(file("config.json"), config);
 }
 
+RunDir open_run_dir(const std::string& out, const std::string& results_dir, const std::string& name,
+                    const nlohmann::json& config, bool overwrite) {
+  return RunDir(out.empty() ? results_dir : out, name, config, /*exact=*/!out.empty(), overwrite);
+}
+
 void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& rows,
                           const nlohmann::json& extra) const {
   nlohmann::json j = {{"context", context}, {"rows", rows}};

@@ -45,6 +45,11 @@ class RunDir {
   std::string path_;
 };
 
+// A command's run folder from its --out / --results-dir / --name / --overwrite flags: --out as
+// given (the same --out resumes), else <results_dir>/<name>/<UTC stamp>_<sha7>.
+RunDir open_run_dir(const std::string& out, const std::string& results_dir, const std::string& name,
+                    const nlohmann::json& config, bool overwrite);
+
 // Renders rows as an aligned text table over the given columns (numbers with `precision`).
 std::string render_table(const nlohmann::json& rows, const std::vector<std::string>& columns,
                          int precision = 4);

@@ -89,6 +89,8 @@ struct Model {
 };
 
 Model load_model(const std::string& spec, const ModelLoadOptions& opt = {});
+// The same for an already resolved source (HF directory or GGUF file).
+Model load_model(const ModelSource& src, const ModelLoadOptions& opt = {});
 // The pieces load_model uses, for tests and tools.
 Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt);    // weights_loader.cpp
 Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt);  // weights_loader.cpp

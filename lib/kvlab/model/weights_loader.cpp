@@ -169,8 +169,9 @@ void check_dtype_device(const ModelLoadOptions& opt) {
 }
 }  // namespace
 
-Model load_model(const std::string& spec, const ModelLoadOptions& opt) {
-  ModelSource src = resolve_model(spec);
+Model load_model(const std::string& spec, const ModelLoadOptions& opt) { return load_model(resolve_model(spec), opt); }
+
+Model load_model(const ModelSource& src, const ModelLoadOptions& opt) {
   return src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, opt) : load_model_hf(src, opt);
 }
 
