@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "command.h"
 #include "commands.h"
@@ -85,8 +86,10 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   json rows = json::array();
   for (size_t di = 0; di < data.size(); ++di) {
     const std::string& d = sel.datasets[di];
-    const int64_t max_length =
-        o.max_length > 0 ? o.max_length : std::max<int64_t>(1, tm->context - max_new[di] - 64);
+    // A model that does not state its context is not cut (its auto value would be negative).
+    const int64_t max_length = o.max_length > 0   ? o.max_length
+                               : tm->context > 0 ? std::max<int64_t>(1, tm->context - max_new[di] - 64)
+                                                 : std::numeric_limits<int64_t>::max();
     std::vector<TaskRecord> records;
     for (const auto& rec : data[di].records) {
       TaskRecord r = longbench_task_record(rec, tm->src, tm->tok, c.chat_template, max_length, max_new[di]);
