@@ -206,7 +206,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());
   for (const auto& [s, l] : mine) {
     if (done.count({s, l})) {  // measured before the interruption
-      progress.advance(per_unit, fmt::format("sample {} layer {} (checkpoint)", s, l));
+      progress.skip(per_unit, fmt::format("sample {} layer {} (checkpoint)", s, l));
       continue;
     }
     // Every unit is checked as it is loaded: a NaN or Inf never reaches a method or an aggregate.

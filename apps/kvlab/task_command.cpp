@@ -87,7 +87,9 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   for (size_t k = 0; k < records.size(); ++k)
     if (int(k % size_t(shard_n)) == shard_i) mine.push_back(records[k]);
   Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
-  to.progress = [&](int64_t, int64_t, const std::string& note) { progress.advance(1, note); };
+  to.progress = [&](int64_t, int64_t, const std::string& note, bool resumed) {
+    resumed ? progress.skip(1, note) : progress.advance(1, note);
+  };
   nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
   for (auto& row : got) rows.push_back(row);
   progress.finish();

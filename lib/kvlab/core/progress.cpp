@@ -16,12 +16,19 @@ void Progress::advance(int64_t by, const std::string& note) {
   if (enabled_) draw(note);
 }
 
+void Progress::skip(int64_t by, const std::string& note) {
+  skipped_ += by;
+  advance(by, note);
+}
+
 void Progress::draw(const std::string& note) {
   using namespace std::chrono;
   auto now = steady_clock::now();
   double elapsed = duration<double>(now - start_).count();
   double frac = total_ > 0 ? static_cast<double>(done_) / total_ : 1.0;
-  double eta = frac > 0 ? elapsed * (1 - frac) / frac : 0;
+  // Rate from the work done in this run only: a resumed run's earlier records took no time here.
+  const int64_t worked = done_ - skipped_;
+  double eta = worked > 0 ? elapsed * static_cast<double>(total_ - done_) / static_cast<double>(worked) : 0;
   if (tty_) {
     if (done_ < total_ && now - last_draw_ < milliseconds(100)) return;
     last_draw_ = now;

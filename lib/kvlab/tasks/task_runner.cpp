@@ -164,7 +164,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     bool all = true;
     for (const auto& d : done) all = all && d.count(r.id);
     if (all) {
-      if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id + " (done before)");
+      if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id + " (done before)", true);
       continue;
     }
     Prefill pre = run_prefill(model, r.prompt, opt.obs_queries);
@@ -203,7 +203,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
       done[i][r.id] = line;
     }
-    if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id);
+    if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id, false);
   }
   // The summary, from every branch's lines over these records.
   std::vector<std::string> ids;

@@ -68,7 +68,8 @@ struct TaskOptions {
   int64_t obs_queries = 256;
   int64_t keep_first = 0;  // prompt positions kept exact before every branch's compressed region
   int64_t keep_last = 0;   // and after it (the question, the template's last tokens)
-  std::function<void(int64_t done, int64_t total, const std::string& note)> progress;
+  // Called once per record; `resumed`: every branch had it from an earlier run.
+  std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
 };
 
 // Runs every record through `branches` (the first must be exact: the fidelity reference) and
