@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/blas.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -104,13 +105,15 @@ int main(int argc, char** argv) {
     if (version) {
       const kvlab::BlasInfo blas = kvlab::blas_info();
       fmt::print("kvlab {}\ngit {}{}\nLibTorch {}\nCUDA {}{}\nbuild {}\nthreads {} (LibTorch), {} (BLAS)\n"
-                 "BLAS {} ({}, {} kernels)\nOpenMP wait policy {}\n",
+                 "BLAS {} ({}, {} kernels)\nOpenMP wait policy {}\nprefill attention {}\n",
                  kvlab::kvlab_version(), kvlab::git_sha(), kvlab::git_dirty() ? " (dirty)" : "",
                  kvlab::torch_version(), kvlab::cuda_available() ? "available" : "not available",
                  kvlab::cuda_version() == "none" ? "" : " (runtime " + kvlab::cuda_version() + ")",
                  kvlab::build_type(), at::get_num_threads(), blas.threads, blas.name, blas.threading,
                  blas.core.empty() ? "unknown" : blas.core,
-                 std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default");
+                 std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "default",
+                 kvlab::causal_attention_parallel() ? "parallel over (KV head, query block)"
+                                                    : "block by block (no OpenMP shared with LibTorch)");
       if (const std::string w = kvlab::blas_core_warning(); !w.empty()) fmt::print("warning: {}\n", w);
       return 0;
     }

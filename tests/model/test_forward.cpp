@@ -16,6 +16,7 @@
 #include "kvlab/model/model.h"
 #include "test_util.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <doctest/doctest.h>
 
@@ -154,16 +155,25 @@ TEST_CASE("fused q/k/v and gate/up projections equal the separate ones") {
 
 TEST_CASE("causal_gqa_attention matches kvlab::attention with query_pos") {
   c10::InferenceMode guard;
+  // Debian's LibTorch and this build share libgomp, so the parallel path below is the one taken.
+  CHECK(causal_attention_parallel());
   at::manual_seed(7);
   struct Case { int64_t hq, hkv, T, pos0, d, block; };
   for (Case c : {Case{4, 2, 65, 0, 16, 16}, Case{9, 3, 127, 0, 8, 0}, Case{6, 2, 1, 64, 16, 256},
-                 Case{8, 8, 33, 31, 8, 5}, Case{4, 1, 17, 100, 32, 4}}) {
+                 Case{8, 8, 33, 31, 8, 5}, Case{6, 3, 70, 9, 8, 7}, Case{4, 1, 17, 100, 32, 4}}) {
     CAPTURE(c.hq); CAPTURE(c.hkv); CAPTURE(c.T); CAPTURE(c.pos0); CAPTURE(c.block);
     const int64_t n = c.pos0 + c.T;
     at::Tensor q = at::randn({c.hq, c.T, c.d}, at::kDouble);   // [Hq, T, d]
     at::Tensor k = at::randn({c.hkv, n, c.d}, at::kDouble);    // [Hkv, n, d]
     at::Tensor v = at::randn({c.hkv, n, c.d}, at::kDouble);    // [Hkv, n, d]
+    // One thread: block after block. Three: (KV head, query block) items in parallel.
+    const int threads_before = at::get_num_threads();
+    at::set_num_threads(1);
     at::Tensor got = causal_gqa_attention(q, k, v, c.pos0, c.block);
+    at::set_num_threads(3);
+    at::Tensor got_parallel = causal_gqa_attention(q, k, v, c.pos0, c.block);
+    at::set_num_threads(threads_before);
+    CHECK(max_abs(got_parallel, got) < 1e-12);
     KVSet kv;
     kv.keys = k;
     kv.values = v;

@@ -61,9 +61,13 @@ Running accumulate(const at::Tensor& qg, const KVSet& set, const at::Tensor& q_p
   }
   at::Tensor keys = set.keys.to(wt), values = with_values ? set.values.to(wt) : at::Tensor();
   at::Tensor bias = set.bias.defined() ? set.bias.to(wt) : at::Tensor();
+  // One score buffer for every tile: a fresh tensor per tile cost a page fault per 4 KiB when
+  // the prefill's (KV head, query block) items ran on two threads (exact_cache.cpp).
+  at::Tensor s_buf = at::empty({h_kv, rows, std::min(block, n)}, qg.options());  // [Hkv, R, block]
   for (int64_t b0 = 0, bi = 0; b0 < n; b0 += block, ++bi) {
     const int64_t bl = std::min(block, n - b0);
-    at::Tensor s = at::bmm(qg, keys.narrow(1, b0, bl).transpose(1, 2));  // [Hkv, R, bl]
+    at::Tensor s = bl == s_buf.size(2) ? s_buf : at::empty({h_kv, rows, bl}, qg.options());
+    at::bmm_out(s, qg, keys.narrow(1, b0, bl).transpose(1, 2));  // [Hkv, R, bl]
     if (bias.defined()) s.add_(block_row(bias, b0, bl));
     if (masked && block_max_pos[bi] > q_pos_min)
       s.masked_fill_(block_row(set.pos, b0, bl) > q_pos_g.view({1, rows, 1}),
