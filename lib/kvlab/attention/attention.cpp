@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kvlab/attention/blocked_attention.h"
+#include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -85,6 +86,12 @@ at::Tensor exact_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            bool causal) {
   const int64_t n = k.size(1), n_q = q.size(1);
   KVLAB_CHECK(n_q <= n, "exact_attention: {} queries but only {} keys", n_q, n);
+  // On CPU the causal case is the prefill's attention with the queries at the last n_q positions:
+  // its (KV head, query block) items run in parallel (exact_cache.h).
+  // Bad shapes go the general way, whose checks name them.
+  const bool shapes_ok = q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && k.size(0) > 0 &&
+                         q.size(0) % k.size(0) == 0 && k.size(2) == q.size(2) && v.size(1) == n && n > 0;
+  if (causal && q.is_cpu() && shapes_ok) return causal_gqa_attention(q, k, v, /*pos0=*/n - n_q);
   KVSet set{k, v, {}, causal ? at::arange(n, k.options().dtype(at::kLong)) : at::Tensor()};
   AttentionOptions opt;
   if (causal) opt.query_pos = tail_positions(n, n_q, k);
