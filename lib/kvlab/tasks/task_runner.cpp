@@ -86,17 +86,7 @@ std::vector<std::string> fidelity_tokens(const std::string& text) {
 }  // namespace
 
 double fidelity_rouge_l(const std::string& reference, const std::string& output) {
-  const auto a = fidelity_tokens(reference), b = fidelity_tokens(output);
-  if (a.empty() || b.empty()) return 0.0;
-  std::vector<int64_t> prev(b.size() + 1, 0), cur(b.size() + 1, 0);  // LCS, row by row
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : std::max(prev[j], cur[j - 1]);
-    std::swap(prev, cur);
-  }
-  const double lcs = double(prev[b.size()]);
-  const double p = lcs / double(b.size()), r = lcs / double(a.size());
-  return p + r > 0 ? 2 * p * r / (p + r) : 0.0;
+  return eval::google_rouge_l(fidelity_tokens(reference), fidelity_tokens(output)).fmeasure;
 }
 
 nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, const std::vector<std::string>& ids,

@@ -39,8 +39,9 @@ RougeScore score_ngrams(const std::vector<std::string>& target,
   return s;
 }
 
-RougeScore score_lcs(const std::vector<std::string>& target,
-                     const std::vector<std::string>& prediction) {
+}  // namespace
+
+RougeScore google_rouge_l(const std::vector<std::string>& target, const std::vector<std::string>& prediction) {
   RougeScore s;
   if (target.empty() || prediction.empty()) return s;
   const size_t cols = prediction.size();
@@ -56,8 +57,6 @@ RougeScore score_lcs(const std::vector<std::string>& target,
   s.fmeasure = fmeasure(s.precision, s.recall);
   return s;
 }
-
-}  // namespace
 
 std::vector<std::string> google_rouge_tokenize(std::string_view text, bool use_stemmer) {
   const std::u32string low = py_lower(utf8_decode(text));
@@ -82,7 +81,7 @@ GoogleRouge google_rouge(std::string_view target, std::string_view prediction, b
   GoogleRouge g;
   g.rouge1 = score_ngrams(t, p, 1);
   g.rouge2 = score_ngrams(t, p, 2);
-  g.rougeL = score_lcs(t, p);
+  g.rougeL = google_rouge_l(t, p);
   return g;
 }
 

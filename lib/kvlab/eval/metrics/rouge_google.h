@@ -31,6 +31,9 @@ struct GoogleRouge {
 // tokenize.tokenize(text, stemmer); text is UTF-8.
 std::vector<std::string> google_rouge_tokenize(std::string_view text, bool use_stemmer);
 
+// rougeL of two token lists already made (the LCS scoring above).
+RougeScore google_rouge_l(const std::vector<std::string>& target, const std::vector<std::string>& prediction);
+
 // RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer).score(target, prediction).
 GoogleRouge google_rouge(std::string_view target, std::string_view prediction, bool use_stemmer);
 
