@@ -165,9 +165,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     const nlohmann::json prev = read_json_file(checkpoint);
     if (!prev.value("complete", true)) {
       if (prev.contains("rows_file")) {
-        std::ifstream in(run.file(prev["rows_file"].get<std::string>()));
-        for (std::string line; std::getline(in, line);)
-          if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+        for (auto& r : read_json_lines(run.file(prev["rows_file"].get<std::string>()))) rows.push_back(std::move(r));
         KVLAB_CHECK(rows.size() == prev.value("n_rows", size_t(0)), "{}: holds {} rows but {} says {}; remove --out "
                     "{} or pass --overwrite to start again", run.file(prev["rows_file"].get<std::string>()),
                     rows.size(), checkpoint, prev.value("n_rows", size_t(0)), o.out);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvlab/core/config.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/tasks/longbench.h"
 #include "test_util.h"
@@ -25,17 +26,9 @@ namespace {
 std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
 std::string longbench_dir() { return test::shared_dir() + "/data/longbench"; }
 
-std::vector<json> lines_of(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream f(path);
-  for (std::string l; std::getline(f, l);)
-    if (!l.empty()) out.push_back(json::parse(l));
-  return out;
-}
-
 // A prediction file's lines without the timing (the only field a rerun may change).
 std::vector<json> untimed(const std::string& path) {
-  auto v = lines_of(path);
+  auto v = read_json_lines(path);
   for (auto& l : v) l.erase("seconds");
   return v;
 }
@@ -108,7 +101,7 @@ TEST_CASE("longbench: kvlab longbench on stories260K — eval.py's keys, truncat
   const std::vector<std::string> files = {"exact/multi_news", "exact/passage_retrieval_zh",
                                           "streaming_llm_budget16/multi_news", "h2o_budget16/passage_retrieval_zh"};
   for (const auto& f : files) {
-    const auto lines = lines_of(run + "/pred/" + f + ".jsonl");
+    const auto lines = read_json_lines(run + "/pred/" + f + ".jsonl");
     REQUIRE(lines.size() == 2);
     for (const char* k : {"pred", "answers", "all_classes", "length", "score", "same_as_exact", "rougeL_vs_exact"})
       CHECK_MESSAGE(lines[0].contains(k), f, " lacks ", k);
@@ -131,10 +124,10 @@ TEST_CASE("longbench: kvlab longbench on stories260K — eval.py's keys, truncat
   std::map<std::string, std::vector<json>> before;
   for (const auto& f : files) before[f] = untimed(run + "/pred/" + f + ".jsonl");
   {
-    auto l = lines_of(run + "/pred/exact/multi_news.jsonl");
+    auto l = read_json_lines(run + "/pred/exact/multi_news.jsonl");
     std::ofstream f(run + "/pred/exact/multi_news.jsonl");
     f << l[0].dump() << "\n" << l[1].dump().substr(0, 40);
-    auto s = lines_of(run + "/pred/h2o_budget16/passage_retrieval_zh.jsonl");
+    auto s = read_json_lines(run + "/pred/h2o_budget16/passage_retrieval_zh.jsonl");
     write_lines(run + "/pred/h2o_budget16/passage_retrieval_zh.jsonl", {s[0]});
   }
   REQUIRE(test::run_command(base + run, &out) == 0);
@@ -193,7 +186,7 @@ TEST_CASE("summarize: kvlab summarize on stories260K — the record's stop rules
   INFO(out);
   CHECK(out.find("rouge2") != std::string::npos);
   for (const char* b : {"exact", "streaming_llm_budget8"}) {
-    const auto lines = lines_of(dir + "/run/pred/" + std::string(b) + "/xsum.jsonl");
+    const auto lines = read_json_lines(dir + "/run/pred/" + std::string(b) + "/xsum.jsonl");
     REQUIRE(lines.size() == 2);
     CHECK(lines[0]["generated_tokens"].get<int64_t>() <= 7);
     CHECK(lines[1]["generated_tokens"].get<int64_t>() <= 5);
@@ -207,11 +200,11 @@ TEST_CASE("summarize: kvlab summarize on stories260K — the record's stop rules
   std::ifstream rf(dir + "/run/result.json");
   const json res = json::parse(rf);
   REQUIRE(res["rows"].size() == 2);
-  const auto l0 = lines_of(dir + "/run/pred/exact/xsum.jsonl");
+  const auto l0 = read_json_lines(dir + "/run/pred/exact/xsum.jsonl");
   CHECK(res["rows"][0]["rouge1"].get<double>() ==
         doctest::Approx(100.0 * (l0[0]["rouge1"].get<double>() + l0[1]["rouge1"].get<double>()) / 2));
   const auto before = untimed(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl");
-  write_lines(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl", {lines_of(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl")[0]});
+  write_lines(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl", {read_json_lines(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl")[0]});
   REQUIRE(test::run_command(cmd, &out) == 0);
   CHECK(untimed(dir + "/run/pred/streaming_llm_budget8/xsum.jsonl") == before);
   std::string err;
@@ -234,8 +227,8 @@ TEST_CASE("longbench: --shard i/N runs and kvlab merge give the unsharded run's 
   REQUIRE(test::run_command(base + " --out " + dir + "/whole", &out) == 0);
   REQUIRE(test::run_command(base + " --shard 0/2 --out " + dir + "/s0", &out) == 0);
   REQUIRE(test::run_command(base + " --shard 1/2 --out " + dir + "/s1", &out) == 0);
-  CHECK(lines_of(dir + "/s0/pred/exact/multi_news.jsonl").size() == 3);  // records 0, 2, 4
-  CHECK(lines_of(dir + "/s1/pred/exact/multi_news.jsonl").size() == 2);
+  CHECK(read_json_lines(dir + "/s0/pred/exact/multi_news.jsonl").size() == 3);  // records 0, 2, 4
+  CHECK(read_json_lines(dir + "/s1/pred/exact/multi_news.jsonl").size() == 2);
   // An incomplete set of shards is refused.
   CHECK(test::run_command(test::kvlab_bin() + " merge " + dir + "/s1 --out " + dir + "/partial", &out) != 0);
   CHECK(out.find("1 of 2 shards") != std::string::npos);

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kvlab/compress/method_spec.h"
+#include "kvlab/core/config.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/tasks/longeval.h"
 #include "test_util.h"
@@ -26,16 +27,6 @@ TEST_CASE("longeval: the answer is the last integer of the output") {
   CHECK(longeval_score("2416, or rather 2417", gold)["score"] == 0.0);  // the last one counts
   CHECK(longeval_score("I don't know", gold)["answer"].is_null());
 }
-
-namespace {
-std::vector<nlohmann::json> lines_of(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(path);
-  for (std::string l; std::getline(f, l);)
-    if (!l.empty()) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
-}  // namespace
 
 TEST_CASE("longeval: runner on stories260K — predictions, fidelity, resume") {
   const std::string dir_model = test::shared_dir() + "/models/stories260K";
@@ -73,7 +64,7 @@ TEST_CASE("longeval: runner on stories260K — predictions, fidelity, resume") {
   TaskSpec task{"tiny", longeval_score};
   auto rows = run_task(model, tok, task, records, branches, to);
   REQUIRE(rows.size() == 3);
-  for (const auto& b : branches) CHECK(lines_of(to.pred_dir + "/" + b.label + "/tiny.jsonl").size() == 3);
+  for (const auto& b : branches) CHECK(read_json_lines(to.pred_dir + "/" + b.label + "/tiny.jsonl").size() == 3);
   CHECK(rows[0]["same_as_exact"] == 1.0);
   CHECK(rows[0]["rougeL_vs_exact"] == 1.0);
   CHECK(rows[1]["same_as_exact"].get<double>() < 1.0);  // a 4-entry window changes the outputs
@@ -91,24 +82,24 @@ TEST_CASE("longeval: runner on stories260K — predictions, fidelity, resume") {
     CHECK(run_task(model, tok, task, records, two, keep)[1]["same_as_exact"] == 1.0);
   }
   // Every line's score is the scorer's on its own output.
-  for (const auto& l : lines_of(to.pred_dir + "/local_budget4/tiny.jsonl"))
+  for (const auto& l : read_json_lines(to.pred_dir + "/local_budget4/tiny.jsonl"))
     CHECK(l["score"] == longeval_score(l["output"].get<std::string>(), l["gold"])["score"]);
 
   // Lose the local branch's last record and leave half a line, as a kill would; rerun.
   const std::string local = to.pred_dir + "/local_budget4/tiny.jsonl";
-  auto before = lines_of(local);
+  auto before = read_json_lines(local);
   {
     std::ofstream f(local, std::ios::trunc);
     f << before[0].dump() << "\n" << before[1].dump() << "\n" << before[2].dump().substr(0, 20);
   }
-  const auto exact_before = lines_of(to.pred_dir + "/exact/tiny.jsonl");
+  const auto exact_before = read_json_lines(to.pred_dir + "/exact/tiny.jsonl");
   auto again = run_task(model, tok, task, records, branches, to);
-  auto after = lines_of(local);
+  auto after = read_json_lines(local);
   REQUIRE(after.size() == 3);
   CHECK(after[2]["id"] == "2");
   CHECK(after[2]["output"] == before[2]["output"]);
   CHECK(after[2]["same_as_exact"] == before[2]["same_as_exact"]);
-  CHECK(lines_of(to.pred_dir + "/exact/tiny.jsonl") == exact_before);  // untouched
+  CHECK(read_json_lines(to.pred_dir + "/exact/tiny.jsonl") == exact_before);  // untouched
   for (size_t i = 0; i < rows.size(); ++i) {
     CHECK(again[i]["score"] == rows[i]["score"]);
     CHECK(again[i]["same_as_exact"] == rows[i]["same_as_exact"]);

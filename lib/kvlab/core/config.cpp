@@ -95,6 +95,14 @@ void FieldList::from_json(const nlohmann::json& j, const std::string& source,
   }
 }
 
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 nlohmann::json read_json_file(const std::string& path) {
   std::ifstream in(path);
   KVLAB_CHECK(in.good(), "cannot open JSON file '{}'", path);

@@ -69,6 +69,8 @@ class FieldList {
 
 // Read a JSON file, with the file name and position in any parse error.
 nlohmann::json read_json_file(const std::string& path);
+// The values of a JSON-lines file, one per non-empty line; none when the file cannot be opened.
+std::vector<nlohmann::json> read_json_lines(const std::string& path);
 // Closest candidate by edit distance, or "" if none is close.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 

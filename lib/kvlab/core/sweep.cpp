@@ -147,9 +147,7 @@ nlohmann::json sweep_point_rows(const std::string& point_dir, const SweepPoint& 
   KVLAB_CHECK(j.value("complete", false), "sweep point {}: {} is incomplete (its run did not finish)", point.index, file);
   nlohmann::json rows = nlohmann::json::array();
   if (j.contains("rows_file")) {
-    std::ifstream in(point_dir + "/" + j["rows_file"].get<std::string>());
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+    for (auto& r : read_json_lines(point_dir + "/" + j["rows_file"].get<std::string>())) rows.push_back(std::move(r));
   } else {
     rows = j.value("rows", nlohmann::json::array());
   }

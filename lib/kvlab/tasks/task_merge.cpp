@@ -6,6 +6,7 @@
 #include <set>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 #include "kvlab/tasks/task_runner.h"
 
 namespace kvlab {
@@ -82,24 +83,14 @@ int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::stri
   return int(rel.size());
 }
 
-namespace {
-std::vector<json> read_lines(const fs::path& p) {
-  std::vector<json> out;
-  std::ifstream in(p);
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) out.push_back(json::parse(l));
-  return out;
-}
-}  // namespace
-
 void refresh_task_fidelity(const std::string& run_dir, json& rows) {
   for (auto& row : rows) {
     const std::string dataset = row.at("dataset").get<std::string>(), branch = row.at("branch").get<std::string>();
     const fs::path exact_file = fs::path(run_dir) / "pred" / "exact" / (dataset + ".jsonl");
     const fs::path file = fs::path(run_dir) / "pred" / branch / (dataset + ".jsonl");
     std::map<std::string, std::string> exact;
-    for (const auto& l : read_lines(exact_file)) exact[l.at("id").get<std::string>()] = l.at("output").get<std::string>();
-    auto lines = read_lines(file);
+    for (const auto& l : read_json_lines(exact_file.string())) exact[l.at("id").get<std::string>()] = l.at("output").get<std::string>();
+    auto lines = read_json_lines(file.string());
     double same = 0, rouge = 0;
     for (auto& l : lines) {
       auto it = exact.find(l.at("id").get<std::string>());
