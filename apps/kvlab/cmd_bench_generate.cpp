@@ -79,6 +79,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
+  require_run_keeps(methods, "the bench's own flags");
   auto budgets = budget_settings(o.ratio, {}, {});
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;

@@ -53,6 +53,8 @@ struct GenerateCmdOptions {
   int64_t seed = 42;
   bool prefill_only = false;
   bool overwrite = false;
+  std::string preset = "default";
+  std::string kept_out;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
@@ -71,8 +73,13 @@ struct GenerateCmdOptions {
     f.add("T", T, "halvings for halving methods (instead of --ratio)");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
-    f.add("keep_first", keep_first, "first prompt positions kept exact");
-    f.add("keep_last", keep_last, "last prompt positions kept exact");
+    f.add("keep_first", keep_first, "first prompt positions kept exact, inside the budget (methods whose preset "
+                                    "sets none)");
+    f.add("keep_last", keep_last, "last prompt positions kept exact, inside the budget (likewise)");
+    f.add("preset", preset, "default (the methods' defaults) | paper (each method as its paper's end-to-end runs, "
+                            "sinks and windows included)");
+    f.add("kept_out", kept_out, "write what each branch's cache holds at the end (positions and weights per layer "
+                                "and KV head) to this JSON file");
     f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
     f.add("seed", seed, "seed of random methods");
     f.add("overwrite", overwrite, "replace an existing --logits-out file");
@@ -84,15 +91,20 @@ struct GenerateCmdOptions {
 // --method: one prefill, one branch per (method, budget); streams each branch's text as it comes.
 void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
                   const Tokenizer* tok, const std::vector<MethodSpec>& methods, const std::vector<Budget>& budgets) {
-  Prefill prefill = run_prefill(model, prompt_ids, o.obs_queries);
+  std::vector<const Compressor*> compressors;
+  for (const auto& m : methods) compressors.push_back(m.compressor.get());
+  const int64_t n_obs = check_observation_queries(compressors, o.obs_queries);  // -1 = every prompt query
+  Prefill prefill = run_prefill(model, prompt_ids, n_obs < 0 ? int64_t(prompt_ids.size()) : n_obs);
   fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
              prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
-  nlohmann::json branches = nlohmann::json::array();
+  nlohmann::json branches = nlohmann::json::array(), kept = nlohmann::json::array();
   for (const auto& m : methods)
     for (const auto& b : budgets) {
-      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), o.keep_first, o.keep_last, !o.prefill_only};
+      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
+                      !o.prefill_only, /*count_whole=*/true};
       BranchOptions bo;
+      bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;
       bo.stop_at_eos = !o.ignore_eos;
       if (!o.json) {
@@ -103,10 +115,20 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       const std::string text = tok ? tok->decode(r.ids) : std::string();
       if (!o.json) fmt::print("\nids: {}\n", fmt::join(r.ids, ","));
       fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
-                 "compress {:.1f} ms, {} tokens in {:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
-                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.compress_ms,
-                 r.ids.size(), r.decode_seconds);
-      nlohmann::json j = {{"method", m.name}, {"params", m.compressor->params()}, {"seed", o.seed},
+                 "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; compress {:.1f} ms, {} tokens in "
+                 "{:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
+                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.entries_start,
+                 r.entries_peak, r.compress_ms, r.ids.size(), r.decode_seconds);
+      if (bo.keep_kept) {
+        nlohmann::json k = m.describe(o.keep_first, o.keep_last);
+        k["setting"] = b.to_json();
+        k["layers"] = r.kept["layers"];
+        kept.push_back(std::move(k));
+      }
+      nlohmann::json j = {{"method", m.name}, {"preset", m.preset}, {"params", m.compressor->params()},
+                          {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
+                          {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
+                          {"entries_peak", r.entries_peak},
                           {"streaming", spec.stream && compressor_info(m.name).streaming},
                           {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
                           {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
@@ -116,6 +138,10 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
       branches.push_back(j);
     }
+  if (!o.kept_out.empty()) {
+    write_json_atomic(o.kept_out, {{"model", model.id}, {"prompt_tokens", prompt_ids.size()}, {"branches", kept}});
+    fmt::print(stderr, "[generate] wrote {}\n", o.kept_out);
+  }
   if (o.json)
     std::cout << nlohmann::json({{"model", model.id}, {"prompt_ids", prompt_ids}, {"prefills", 1},
                                  {"prefill_seconds", prefill.seconds}, {"branches", branches}}).dump(2)
@@ -127,6 +153,10 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
               "give exactly one of --prompt and --prompt-ids");
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
   if (!o.logits_out.empty()) check_output_file(o.logits_out, "--logits-out", {o.model}, o.overwrite);
+  if (!o.kept_out.empty()) {
+    KVLAB_CHECK(!o.method.empty(), "--kept-out needs --method (what a compressed cache kept)");
+    check_output_file(o.kept_out, "--kept-out", {o.model}, o.overwrite);
+  }
   // Branch settings are checked before the model loads.
   std::vector<MethodSpec> methods;
   std::vector<Budget> budgets;
@@ -134,11 +164,11 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
     KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
     budgets = budget_settings(o.ratio, o.budget, o.T);
-    methods = build_methods(o.method, o.param, o.params);
+    methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
     for (const auto& m : methods)
-      KVLAB_CHECK(o.prefill_only || o.keep_last == 0 || !streams_while_decoding(m.name),
+      KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !streams_while_decoding(m.name),
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "
-                  "to prefill-only methods (or give --prefill-only)", o.keep_last, m.name);
+                  "to prefill-only methods (or give --prefill-only)", m.keep_last_or(o.keep_last), m.name);
   }
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");

@@ -117,11 +117,11 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   for (const auto& b : branches) scored.push_back({b.label, longbench_eval_folder(run.file("pred/" + b.label), sel.e)});
   const json table = longbench_score_table(scored, sel.datasets, sel.e);
   run.write_result(ctx, rows, {{"complete", true}, {"longbench", table}, {"longbench_e", sel.e}});
-  std::cout << "LongBench scores (eval.py's metrics, x100)\n"
+  std::cout << task_table_header(c) << "LongBench scores (eval.py's metrics, x100)\n"
             << render_table(table, longbench_table_columns(sel.datasets, sel.e)) << "\n"
             << "Fidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
-                                   "seconds_per_record"});
+                                   "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[longbench] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

@@ -21,6 +21,7 @@
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/tasks/longeval.h"
 #include "task_command.h"
+#include "kvlab/tasks/prompt_split.h"
 
 namespace kvlab::cli {
 namespace {
@@ -65,7 +66,10 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
     for (const auto& lc : cases[fi]) {
       TaskRecord r;
       r.id = lc.id;
-      r.prompt = tm->tok.encode(apply_model_chat_template(c.chat_template, tm->src, tm->tok, lc.prompt), /*add_bos=*/true);
+      const std::string text = apply_model_chat_template(c.chat_template, tm->src, tm->tok, lc.prompt);
+      SplitPrompt sp = encode_split(tm->tok, text, offset_in(text, lc.prompt, last_paragraph(lc.prompt)));
+      r.prompt = std::move(sp.ids);
+      r.context_len = sp.context_len;
       KVLAB_CHECK(tm->context <= 0 || int64_t(r.prompt.size()) + o.max_new_tokens <= tm->context,
                   "{}: case {} has {} prompt tokens; with --max-new-tokens {} that exceeds {}'s context of {}",
                   files[fi].second, lc.id, r.prompt.size(), o.max_new_tokens, tm->model.id, tm->context);
@@ -76,8 +80,8 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
     run_task_dataset(c, *tm, run, ctx, TaskSpec{files[fi].first, longeval_score}, records, branches, rows,
                      fi + 1 == files.size());
   }
-  std::cout << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
-                                   "seconds_per_record"});
+  std::cout << task_table_header(c) << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
+                                   "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[longeval] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

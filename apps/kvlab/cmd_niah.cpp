@@ -20,6 +20,7 @@
 #include "kvlab/tasks/niah.h"
 #include "kvlab/tasks/niah_figure.h"
 #include "task_command.h"
+#include "kvlab/tasks/prompt_split.h"
 
 namespace kvlab::cli {
 namespace {
@@ -80,13 +81,14 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       const NiahCase nc = make_niah_case(tm->tok, haystack, o.spec, L, d);
       TaskRecord r;
       r.id = nc.id;
-      r.prompt = tm->tok.encode(
-          apply_model_chat_messages(c.chat_template, tm->src, tm->tok,
-                                    {{"system", kSystem},
-                                     {"user", nc.context},
-                                     {"user", o.spec.question + " Don't give information outside the document or "
-                                                                 "repeat your findings"}}),
-          /*add_bos=*/true);
+      const std::string text = apply_model_chat_messages(
+          c.chat_template, tm->src, tm->tok,
+          {{"system", kSystem},
+           {"user", nc.context},
+           {"user", o.spec.question + " Don't give information outside the document or repeat your findings"}});
+      SplitPrompt sp = encode_split(tm->tok, text, offset_in(text, nc.context, nc.context.size()));
+      r.prompt = std::move(sp.ids);
+      r.context_len = sp.context_len;
       r.max_new_tokens = o.max_new_tokens;
       r.gold = {{"needle", o.spec.needle}, {"key_phrase", o.spec.key_phrase}, {"length", L}, {"depth", d},
                 {"needle_token", nc.needle_token}, {"context_tokens", nc.context_tokens}};
@@ -103,7 +105,8 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
                                      fmt::format("Needle in a haystack: {}", tm->model.id)));
   for (const auto& row : rows)
     std::cout << row["branch"].get<std::string>() << " (score: needle found)\n" << grid_text(o, row["record_scores"]) << "\n";
-  std::cout << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "seconds_per_record"});
+  std::cout << task_table_header(c) << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "entries_peak", "mem",
+                                   "seconds_per_record"});
   fmt::print(stderr, "[niah] wrote {}, {} and {}\n", run.file("result.json"), run.file("heatmap.svg"),
              run.file("pred/"));
 }

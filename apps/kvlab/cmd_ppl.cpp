@@ -82,6 +82,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   KVLAB_CHECK(!o.cache_size.empty(), "--cache-size: give at least one size");
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   auto methods = build_methods(o.method, o.param, o.params);
+  require_run_keeps(methods, "the command's own exact-token flags");
   const std::string text = read_text(o.text);
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");

@@ -111,6 +111,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(!o.capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
   auto settings = budget_settings(o.ratio, o.budget, o.T);
   auto methods = build_methods(o.method, o.param, o.params);
+  require_run_keeps(methods, "--keep-first / --keep-last");
   KVLAB_CHECK(o.seed_list.empty() || o.seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
               "of {})", o.seeds, o.seed_list.size());
   auto seeds = seed_values(o.seeds, o.seed_list);

@@ -60,9 +60,9 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   const auto [run, ctx] = open_task_run(c, *tm, effective);
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer), records, branches, rows, /*last=*/true);
-  std::cout << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
+  std::cout << task_table_header(c) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
             << render_table(rows, {"branch", "n", "rouge1", "rouge2", "rougeL", "same_as_exact", "rougeL_vs_exact",
-                                   "seconds_per_record"});
+                                   "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[summarize] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

@@ -1,5 +1,7 @@
 #include "task_command.h"
 
+#include <fmt/format.h>
+
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/device.h"
@@ -19,9 +21,18 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
   f.add("params", params, "config only: {\"method\": {\"key\": value}}");
   f.add("chat_template", chat_template, "none | auto | a template name");
+  f.add("preset", preset, "paper (each method as its paper's end-to-end runs, sinks and windows included) | default "
+        "(the methods' replay defaults)");
+  f.add("protocol", protocol, "whole (the prompt prefilled, then compressed) | context (the context compressed, the "
+        "question fed through the compressed cache: kvpress's)");
+  f.add("decode_rule", decode_rule, "prefill (every method compresses once; later tokens appended: equal memory) | "
+        "stream (streaming methods keep compressing while decoding)");
+  f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
+        "<run>/kept/<dataset>/<record>.json");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
-  f.add("keep_first", keep_first, "prompt positions kept exact before the compressed region (every method)");
-  f.add("keep_last", keep_last, "prompt positions kept exact after it, e.g. the question (every method)");
+  f.add("keep_first", keep_first, "prompt positions kept exact before the compressed region, inside the budget "
+        "(every method whose preset sets none)");
+  f.add("keep_last", keep_last, "prompt positions kept exact after it, inside the budget (likewise)");
   f.add("seed", seed, "seed of random methods");
   f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
   f.add("device", device, "cpu | cuda | cuda:N");
@@ -40,7 +51,11 @@ std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
               o.keep_first, o.keep_last);
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
-  auto methods = build_methods(names, o.param, o.params);
+  parse_task_protocol(o.protocol, o.decode_rule);  // bad values fail before the model loads
+  auto methods = build_methods(names, o.param, o.params, o.preset, o.model);
+  std::vector<const Compressor*> compressors;
+  for (const auto& m : methods) compressors.push_back(m.compressor.get());
+  check_observation_queries(compressors, o.obs_queries);  // a window above --obs-queries fails before the model loads
   std::vector<Budget> budgets;
   if (methods.size() > 1) budgets = budget_settings(o.ratio, o.budget, o.T);
   std::vector<TaskBranch> branches;
@@ -69,7 +84,15 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
   TaskRun tr{open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite),
              context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
   tr.ctx["model_id"] = tm.model.id;
+  tr.ctx["protocol"] = parse_task_protocol(o.protocol, o.decode_rule).to_json();
+  tr.ctx["preset"] = o.preset;
   return tr;
+}
+
+std::string task_table_header(const TaskCommonOptions& o) {
+  return fmt::format("# preset {}; {}\n# entries_peak: live entries per (layer, KV head), the most held; mem *: more "
+                     "than 1% from the median of its setting\n",
+                     o.preset, parse_task_protocol(o.protocol, o.decode_rule).line());
 }
 
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,
@@ -82,6 +105,8 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.obs_queries = o.obs_queries;
   to.keep_first = o.keep_first;
   to.keep_last = o.keep_last;
+  to.protocol = parse_task_protocol(o.protocol, o.decode_rule);
+  if (o.kept_out) to.kept_dir = run.file("kept");
   const auto [shard_i, shard_n] = parse_shard(o.shard);
   std::vector<TaskRecord> mine;
   for (size_t k = 0; k < records.size(); ++k)

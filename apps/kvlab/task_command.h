@@ -27,6 +27,10 @@ struct TaskCommonOptions {
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
   std::string chat_template = "auto";
+  std::string preset = "paper";        // every method as its paper ran it (compress/preset.h)
+  std::string protocol = "whole";      // tasks/protocol.h
+  std::string decode_rule = "prefill";
+  bool kept_out = false;               // write <run>/kept/<dataset>/<record>.json
   int64_t obs_queries = 256;
   int64_t keep_first = 0;
   int64_t keep_last = 0;
@@ -61,6 +65,9 @@ struct TaskRun {
   nlohmann::json ctx;
 };
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
+
+// The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.
+std::string task_table_header(const TaskCommonOptions& o);
 
 // Runs one dataset's records through the branches with a progress line, then rewrites
 // result.json with every row so far (`complete` when this was the last dataset).

@@ -206,6 +206,34 @@ TEST_CASE("release_weights: values scaled by w/2^T, bias log 2^T on every entry"
   CHECK(at::allclose(at::matmul(sa.exp(), a.values), at::matmul(sb.exp(), b.values)));
 }
 
+TEST_CASE("release_weights between powers of two: each entry's own 2^T (issue 21)") {
+  // 600 tokens to 200 entries: one full halving (600 -> 300), then the oldest 200 survivors halve
+  // to 100 and the youngest 100 stay. The old 100 went through 2 halvings (2^2 tokens each), the
+  // young 100 through 1 (2^1): together they stand for 100*4 + 100*2 = 600 tokens, the whole
+  // region. Before the fix every entry carried log 2^2 (Σ = 800) and the values w/4.
+  at::manual_seed(2);
+  LayerKV kv;
+  kv.keys = at::randn({2, 600, 8}, at::kDouble);
+  kv.values = at::randn({2, 600, 8}, at::kDouble);
+  CompressOptions opt;
+  opt.budget = Budget::of_entries(200);
+  opt.seed = 3;
+  auto a = make_compressor("balancekv", {})->compress(kv, opt);
+  auto b = make_compressor("balancekv", {{"release_weights", true}})->compress(kv, opt);
+  REQUIRE(b.kept_idx.size(1) == 200);
+  CHECK(a.kept_idx.equal(b.kept_idx));
+  for (int64_t h = 0; h < 2; ++h) {
+    CHECK(b.bias[h].exp().sum().item<double>() == doctest::Approx(600.0));
+    CHECK(b.bias[h].narrow(0, 0, 100).exp().allclose(at::full({100}, 4.0, at::kDouble)));
+    CHECK(b.bias[h].narrow(0, 100, 100).exp().allclose(at::full({100}, 2.0, at::kDouble)));
+  }
+  // The numerator Σ e^{s+b}·v still equals the default estimator's (values × w / 2^T_i).
+  auto q = at::randn({2, 4, 8}, at::kDouble);
+  auto sa = at::matmul(q, a.keys.transpose(1, 2)) + a.bias.unsqueeze(1);
+  auto sb = at::matmul(q, b.keys.transpose(1, 2)) + b.bias.unsqueeze(1);
+  CHECK(at::allclose(at::matmul(sa.exp(), a.values), at::matmul(sb.exp(), b.values)));
+}
+
 TEST_CASE("budget >= n, T = 0 and ratio 1 reproduce exact attention") {
   SyntheticSpec spec;
   spec.n_tokens = 200;

@@ -1,6 +1,7 @@
 #include "kvlab/cache/compressed_cache.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "kvlab/compress/layout.h"
 #include "kvlab/core/check.h"
@@ -28,31 +29,93 @@ int64_t CompressedLayer::bytes() const {
          (stream && stream->den() ? set_bytes(*stream->den()) : 0);
 }
 
+namespace {
+// Per KV head: the number of entries with a finite bias. bias [Hkv, m] (undefined = all live).
+at::Tensor live_per_head(const KVSet& s) {
+  if (!s.keys.defined()) return at::Tensor();
+  if (!s.bias.defined()) return at::full({s.keys.size(0)}, s.keys.size(1), at::kDouble);
+  return at::isfinite(s.bias).to(at::kDouble).sum(1).to(at::kCPU);  // [Hkv]
+}
+}  // namespace
+
+double CompressedLayer::live_entries() const {
+  at::Tensor n = live_per_head(num);
+  if (stream) {
+    at::Tensor h = live_per_head(stream->held());
+    n = n.defined() && n.numel() ? n + h : h;
+  }
+  return n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
+}
+
+nlohmann::json CompressedLayer::kept(int64_t h) const {
+  std::vector<int64_t> positions;
+  std::vector<double> weights;
+  auto add = [&](const KVSet& s, const at::Tensor& org) {
+    if (!s.keys.defined() || s.keys.size(1) == 0) return;
+    auto b = s.bias.defined() ? s.bias[h].to(at::kCPU, at::kDouble).contiguous()
+                              : at::zeros({s.keys.size(1)}, at::kDouble);
+    auto o = org[h].to(at::kCPU, at::kLong).contiguous();
+    for (int64_t i = 0; i < b.size(0); ++i) {
+      const double bi = b[i].item<double>();
+      if (!std::isfinite(bi)) continue;
+      positions.push_back(o[i].item<int64_t>());
+      weights.push_back(std::exp(bi));
+    }
+  };
+  add(num, origin.defined() ? origin : num.pos);
+  if (stream) {
+    const KVSet& held = stream->held();
+    add(held, held.pos.dim() == 2 ? held.pos : held.pos.unsqueeze(0).expand({held.keys.size(0), held.pos.size(0)}));
+  }
+  return {{"positions", positions}, {"weights", weights}};
+}
+
 int64_t CompressedLayer::entries() const {
   return num.keys.size(1) + (stream ? stream->held().keys.size(1) : 0);
 }
 
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
-                               int layer, int n_layers, double* compress_ms, bool stream) {
+                               int layer, int n_layers, double* compress_ms, bool stream, bool count_whole) {
   const int64_t n = k.size(1), n_obs = q_obs.defined() ? q_obs.size(1) : 0;
+  CompressOptions region_opt = opt;
+  const bool whole = count_whole && opt.budget.is_set() && !opt.budget.is_halvings() && n > 0;
+  if (whole) {
+    // Equal memory counted whole: the budget is of the whole layer, exact parts included; when they
+    // would take all of it they shrink (sinks to ⌊(B−1)/2⌋, then the tail) so one region entry remains.
+    const int64_t b = opt.budget.entries_for(n);
+    if (keep_first + keep_last >= b) {
+      keep_first = std::min(keep_first, (b - 1) / 2);
+      keep_last = std::min(keep_last, b - 1 - keep_first);
+    }
+  }
   const int64_t end = n - std::min(n, keep_last), begin = std::min(keep_first, end);
+  if (whole && end > begin)
+    region_opt.budget = Budget::of_entries(std::max<int64_t>(1, opt.budget.entries_for(n) - begin - (n - end)));
   LayerKV region = region_of(k, v, begin, end, q_obs,
                              n_obs ? at::arange(n - n_obs, n, k.options().dtype(at::kLong)) : at::Tensor(), layer,
                              n_layers);
   CompressedLayer out;
   out.n_positions = n;
   auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<LayerStream> s = stream ? c.start_stream(region, opt) : nullptr;
+  std::unique_ptr<LayerStream> s = stream ? c.start_stream(region, opt) : nullptr;  // r x tokens seen
   if (s) {
     KVLAB_CHECK(keep_last == 0, "--keep-last {}: {} streams while decoding and keeps its own recent window; "
                 "--keep-last applies to prefill-only methods (or give --prefill-only)", keep_last, c.name());
     out.num = assemble(k, v, begin, n, k.narrow(1, 0, 0), v.narrow(1, 0, 0),
                        at::zeros({k.size(0), 0}, k.options()));  // the prefix [0, begin) only
+    out.origin = out.num.pos.clone();
     out.stream = std::move(s);
   } else {
-    CompressedKV cr = end > begin ? c.compress(region, opt) : keep_all(region);
+    CompressedKV cr = end > begin ? c.compress(region, region_opt) : keep_all(region);
     out.num = assemble(k, v, begin, end, cr.keys, cr.values, cr.bias);
+    // Origins: the exact parts' positions; a compressed entry's region index + begin (-1 merged).
+    at::Tensor kept = cr.kept_idx.defined()
+                          ? at::where(cr.kept_idx >= 0, cr.kept_idx + begin, cr.kept_idx).to(at::kLong)
+                          : at::full({k.size(0), cr.keys.size(1)}, -1, k.options().dtype(at::kLong));
+    const auto lopt = k.options().dtype(at::kLong);
+    out.origin = at::cat({at::arange(0, begin, lopt).unsqueeze(0).expand({k.size(0), begin}), kept.to(k.device()),
+                          at::arange(end, n, lopt).unsqueeze(0).expand({k.size(0), n - end})}, 1);
     if (cr.has_separate_den()) out.den = assemble(k, v, begin, end, cr.den_keys, at::Tensor(), cr.den_bias);
     out.logit_scale = cr.logit_scale;
   }
@@ -61,7 +124,10 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
 }
 
 CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : layers_(std::move(layers)) {
-  for (const auto& l : layers_) peak_.push_back(l.bytes());
+  for (const auto& l : layers_) {
+    peak_.push_back(l.bytes());
+    peak_entries_.push_back(l.live_entries());
+  }
 }
 
 at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at::Tensor& k_new,
@@ -83,13 +149,19 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
       out = attention(q, concat(l.num, l.stream->held()), nullptr, ao);
     }
     peak_[layer] = std::max(peak_[layer], l.bytes());
+    peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
     l.stream->settle(q, l.num.keys.size(1) ? l.num.keys : at::Tensor());
   } else {
+    if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
     append_exact(l.num, k_new, v_new, pos0);
+    const auto lopt = k_new.options().dtype(at::kLong);
+    l.origin = at::cat({l.origin, at::arange(pos0, pos0 + k_new.size(1), lopt).unsqueeze(0).expand(
+                                      {k_new.size(0), k_new.size(1)})}, 1);
     if (l.has_den()) append_exact(l.den, k_new, at::Tensor(), pos0);
     ao.logit_scale = l.logit_scale;
     out = attention(q, l.num, l.has_den() ? &l.den : nullptr, ao);
     peak_[layer] = std::max(peak_[layer], l.bytes());
+    peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
   }
   return out;
 }
@@ -102,6 +174,18 @@ int64_t CompressedAttention::bytes() const {
   int64_t b = 0;
   for (const auto& l : layers_) b += l.bytes();
   return b;
+}
+
+double CompressedAttention::live_entries() const {
+  double e = 0;
+  for (const auto& l : layers_) e += l.live_entries();
+  return layers_.empty() ? 0.0 : e / double(layers_.size());
+}
+
+double CompressedAttention::peak_entries() const {
+  double e = 0;
+  for (double p : peak_entries_) e += p;
+  return peak_entries_.empty() ? 0.0 : e / double(peak_entries_.size());
 }
 
 int64_t CompressedAttention::peak_bytes() const {

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -32,6 +33,9 @@ namespace kvlab {
 struct CompressedLayer {
   // Prefill-only: everything held. Streaming: the exact prefix [0, keep_first) only.
   KVSet num;                 // keys/values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  // [Hkv, m] int64: the prompt or decoded position each entry of `num` holds (pos says only what
+  // a query may see: a compressed entry is -1 there); -1 = merged or padding.
+  at::Tensor origin;
   KVSet den;                 // keys [Hkv, m', d], bias, pos; undefined keys = the numerator set
   double logit_scale = 1.0;  // BUZZ log n
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
@@ -40,6 +44,13 @@ struct CompressedLayer {
   bool has_den() const { return den.keys.defined(); }
   int64_t bytes() const;     // K, V, bias, pos (and the denominator's) held, the stream's included
   int64_t entries() const;   // numerator entries held per KV head (padding included), prefix included
+  // Entries held per KV head that are not padding (bias > -inf), averaged over the KV heads; the
+  // numerator set (the stream's included), the separate denominator set not counted.
+  double live_entries() const;
+  // What the layer holds for KV head h: {"positions": [...], "weights": [...]} over the live
+  // numerator entries in cache order; a merged entry's position is -1, its weight e^bias (the
+  // tokens it stands for); exact entries weigh 1.
+  nlohmann::json kept(int64_t h) const;
 };
 
 // Compresses one layer of an exact prefill with `c`, through compress/layout (the same calls
@@ -47,9 +58,14 @@ struct CompressedLayer {
 // last n_obs prompt positions (may be undefined). [0, keep_first) and [n - keep_last, n) stay exact.
 // `stream`: a streaming method keeps compressing while decoding (keep_last must then be 0: its own
 // window plays that role); false = compress once, as replay does, and append decoded tokens exactly.
+// `count_whole` (issue 21, equal memory counted whole): a ratio or entry budget is of the whole
+// layer, the exact parts inside it — the region gets the budget less keep_first and keep_last (the
+// exact parts shrink when they would take it all). Halvings (--T) stay a budget of the region. A
+// streaming method (stream = true) keeps its ratio of the tokens it has seen, unconverted.
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
-                               int layer, int n_layers, double* compress_ms = nullptr, bool stream = false);
+                               int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
+                               bool count_whole = false);
 
 class CompressedAttention : public AttentionBackend {
  public:
@@ -65,10 +81,17 @@ class CompressedAttention : public AttentionBackend {
   // Σ over layers of the most each held since construction (a step's new token included before
   // the stream evicts): the peak of the whole cache within one entry per layer.
   int64_t peak_bytes() const;
+  int64_t n_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // live_entries averaged over the layers: entries per (layer, KV head), now.
+  double live_entries() const;
+  // The most live entries per (layer, KV head) held since construction (a step's new token
+  // included before the stream evicts), averaged over layers as live_entries is.
+  double peak_entries() const;
 
  private:
   std::vector<CompressedLayer> layers_;
-  std::vector<int64_t> peak_;  // per layer
+  std::vector<int64_t> peak_;         // per layer, bytes
+  std::vector<double> peak_entries_;  // per layer
 };
 
 }  // namespace kvlab

@@ -26,6 +26,10 @@
 // the CompressedKV fields that is exactly: values × w/2^T, bias log 2^T — no separate denominator
 // set is needed, because Σ e^{s+log 2^T}·v·w/2^T = Σ e^s·w·v and the denominator is Σ 2^T·e^s.
 // (The numerator and the denominator then disagree for ×1 tokens; that is the release's estimator.)
+// T is each entry's own number of halvings: with a budget between powers of two (below), the
+// younger survivors went through one halving fewer and carry 2^(T−1), so Σ 2^T_i over the entries
+// is the number of tokens they stand for (before the fix every entry got 2^T: replay rel_err 0.300
+// instead of 0.141 at ratio 0.2, issue 21).
 //
 // Parameters:
 //   T                [2]     halvings when the call gives no budget
@@ -51,6 +55,7 @@
 //     [n_kv_heads·blocks, b] (the release draws [batch, heads, blocks, b] on CUDA): same shape of
 //     process, different random stream.
 //   - Computation in the input dtype (the release mixes bf16 and fp32).
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/balancekv.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -226,6 +231,9 @@ class BalanceKV final : public Compressor {
     balancekv::HalvingResult r = balancekv::halve(kv.keys, kv.values, ho, gen);
     at::Tensor idx = r.idx, weight = r.weight;                               // [H, m] (CPU)
     const int64_t m = idx.size(1);
+    // Halvings each entry went through (the release's 2^T is per entry: a younger survivor of a
+    // partial last round went through one fewer).
+    at::Tensor rounds = at::full({kv.n_kv_heads(), m}, double(r.rounds), at::TensorOptions().dtype(at::kDouble));
     if (target >= 0 && m > target) {
       // The last halving runs over the oldest 2(m - target) survivors only: m - target of them
       // stay, with the m - 2(m - target) younger survivors the head holds exactly `target`.
@@ -239,15 +247,15 @@ class BalanceKV final : public Compressor {
       balancekv::HalvingResult last = balancekv::halve(k, v, ho, gen);      // [H, m - target]
       idx = at::cat({sub_idx.gather(1, last.idx), idx.narrow(1, m_sub, m - m_sub)}, 1);
       weight = at::cat({sub_w.gather(1, last.idx) * last.weight, weight.narrow(1, m_sub, m - m_sub)}, 1);
-      r.rounds += last.rounds;
+      rounds = at::cat({rounds.narrow(1, 0, m - target) + double(last.rounds), rounds.narrow(1, m_sub, m - m_sub)}, 1);
     }
     CompressedKV out = gather_kept(kv, idx.to(kv.keys.device()));
     if (!release_weights_) {
       out.bias = weight.log().to(kv.keys.options());                         // [H, m] log w
     } else {
-      const double two_t = std::ldexp(1.0, r.rounds);
+      const at::Tensor two_t = at::exp2(rounds);                             // [H, m] 2^T_i
       out.values = out.values * (weight / two_t).to(kv.values.options()).unsqueeze(-1);
-      out.bias = at::full_like(out.bias, std::log(two_t));                   // [H, m] log 2^T
+      out.bias = (rounds * std::log(2.0)).to(kv.keys.options());             // [H, m] log 2^T_i
     }
     return out;
   }
@@ -263,6 +271,17 @@ class BalanceKV final : public Compressor {
 
 std::unique_ptr<Compressor> make_balancekv(const nlohmann::json& params) {
   return std::make_unique<BalanceKV>(Params(params, "balancekv"));
+}
+
+// Preset "paper": the release's LongBench run (ksheth96/BalanceKV run_longbench.py and
+// balancekv_press.py; METHODS.md §3): 32 sink + 32 recent tokens exact (harness-kept, inside the
+// budget), T = 2, block 128, temp 1.0, γ 4, the release's estimator weights off (kvlab's per-entry
+// log w; see Estimator). The sinks matter: without them the walk's first-token-is-+1 rule drops
+// or reweights the attention sink (issue 21: replay rel_err 0.494 -> 0.141 with 32 sinks).
+MethodPreset paper_preset_balancekv() {
+  return {{{"T", 2}, {"block", 128}, {"temp", 1.0}, {"gamma", 4.0}},
+          32, 32, "BalanceKV release run_longbench.py: 32 sinks + 32 recent exact, T 2, block 128, temp 1, gamma 4",
+          "", ""};
 }
 
 }  // namespace kvlab

@@ -64,6 +64,7 @@
 #include <random>
 #include <vector>
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/balancekv_mr.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/window_stream.h"
@@ -435,6 +436,13 @@ class BalanceKVMR final : public Compressor {
 
 std::unique_ptr<Compressor> make_balancekv_mr(const nlohmann::json& params) {
   return std::make_unique<BalanceKVMR>(Params(params, "balancekv-mr"));
+}
+
+// Preset "paper": the theory version has no end-to-end experiment (BalanceKV §5 runs the practical
+// version); its defaults, with the practical version's 32 + 32 exact tokens so the two compare.
+MethodPreset paper_preset_balancekv_mr() {
+  return {nlohmann::json::object(), 32, 32,
+          "no end-to-end run in BalanceKV; defaults with the LongBench run's 32 sinks + 32 recent", "", ""};
 }
 
 }  // namespace kvlab

@@ -81,6 +81,7 @@
 // - window/threshold default to "auto" (chosen from the budget as above); METHODS.md's official
 //   values w = 160, T = 400 are reached by passing them explicitly.
 // - Ties inside a hive go to the earliest token (at::argmax), as torch.max does in the official code.
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/buzz.h"
 
 #include <cmath>
@@ -520,6 +521,25 @@ std::unique_ptr<Compressor> make_buzz_interval(const nlohmann::json& params) {
 }
 std::unique_ptr<Compressor> make_buzz_logn(const nlohmann::json& params) {
   return std::make_unique<Buzz>(Variant::kLogn, params);
+}
+
+// Preset "paper": the official code's k = 4 sinks and stride s = 5 (JunqiZhao888/buzz-llm), with the
+// window w and threshold T chosen at the budget by Theorem 3.1's T/w rule (buzz_choose_layout).
+// The official w = 160, T = 400 fix the cache size whatever the ratio, so they cannot be compared
+// at equal memory; give them with --param to reproduce the official size.
+MethodPreset paper_preset_buzz() {
+  return {{{"n_sink", 4}, {"stride", 5}}, 0, 0,
+          "buzz-llm official code: 4 sinks, stride 5; w and T at the budget by Theorem 3.1's T/w", "", ""};
+}
+MethodPreset paper_preset_buzz_interval() {
+  auto p = paper_preset_buzz();
+  p.source = "BUZZ Fig. 8b ablation on the official setting (4 sinks, stride 5)";
+  return p;
+}
+MethodPreset paper_preset_buzz_logn() {
+  auto p = paper_preset_buzz();
+  p.source = "BUZZ §3.5 on the official setting (4 sinks, stride 5), log n over the cache length";
+  return p;
 }
 
 }  // namespace kvlab

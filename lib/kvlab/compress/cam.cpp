@@ -51,6 +51,7 @@
 //     as in h2o); the official code is MHA, kvlab handles GQA by group reduction.
 //   - Randomness: std::mt19937_64 seeded with opt.seed, one stream over KV heads in order, one
 //     draw per eviction.
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/cam.h"
 
 #include <ATen/ATen.h>
@@ -268,6 +269,7 @@ class CaM final : public Compressor {
   }
   std::string name() const override { return "cam"; }
   nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return queries_ == "last" ? 1 : -1; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), d = kv.values.size(2);
@@ -314,6 +316,13 @@ class CaM final : public Compressor {
 
 std::unique_ptr<Compressor> make_cam(const nlohmann::json& params) {
   return std::make_unique<CaM>(Params(params, "cam"));
+}
+
+// Preset "paper": CaM on StreamingLLM eviction with 4 sinks (CaM, Zhang et al. ICML 2024, §5: "we
+// apply CaM to StreamingLLM"), merge budget m = 32 (zyxxmu/cam start_size 4, merge to the next 32).
+MethodPreset paper_preset_cam() {
+  return {{{"n_sink", 4}, {"merge_budget", 32}}, 0, 0,
+          "CaM §5 and zyxxmu/cam: StreamingLLM eviction with 4 sinks, merge budget 32", "", ""};
 }
 
 }  // namespace kvlab

@@ -59,6 +59,7 @@
 //   budget follows the tokens seen (a ratio r keeps r·(n + decoded)); the paper fixes
 //   B = R·(n + Γ) for a maximum decoding length Γ, which --budget N reproduces. Replay ignores
 //   `interval` (it compresses once).
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/chelsea.h"
 
 #include <cmath>
@@ -525,6 +526,21 @@ class Chelsea final : public Compressor {
 
 std::unique_ptr<Compressor> make_chelsea(const nlohmann::json& params) {
   return std::make_unique<Chelsea>(params);
+}
+
+// Preset "paper" (Chelsea §7, App. B–C): n1 = 16 sinks, n2 = 64 recent, chunk c = 256, the r
+// schedule of the model family (Table 7; llama2's unless `family` is given), and the top 4% outlier
+// heads with the full cache from WikiText-2 calibration (App. B: threshold 0.8), the budget
+// reallocated over the model. The outlier file is made by `kvlab calibrate chelsea`; the run
+// refuses to start without it. The paper's B = R·(n + Γ) is a budget held through decoding; an
+// end-to-end run states its own decode rule (generate/branches.h), which kvlab applies to every method.
+MethodPreset paper_preset_chelsea() {
+  return {{{"n_sink", 16}, {"n_recent", 64}, {"chunk", 256}, {"outlier_fraction", 0.04},
+           {"outliers", "calibration/chelsea_outliers_{model}.json"}, {"reallocate", "model"}},
+          0, 0, "Chelsea §7, App. B-C: 16 sinks, 64 recent, chunk 256, top 4% outlier heads full (WikiText-2)",
+          "outliers",
+          "kvlab calibrate chelsea --model {model} --text ../shared/data/wikitext2/wiki.test.raw "
+          "--out calibration/chelsea_outliers_{model}.json"};
 }
 
 }  // namespace kvlab

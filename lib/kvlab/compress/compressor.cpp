@@ -24,6 +24,24 @@ double CompressedKV::mean_memory_entries() const {
   return m;
 }
 
+int64_t check_observation_queries(const std::vector<const Compressor*>& methods, int64_t obs_queries) {
+  KVLAB_CHECK(obs_queries >= -1, "--obs-queries must be >= 0 (or -1 for every prompt query), got {}", obs_queries);
+  int64_t need = obs_queries;
+  for (const Compressor* c : methods) {
+    if (!c) continue;
+    const int64_t want = c->observation_queries();
+    if (want < 0) {
+      need = -1;  // every prompt query: the prefill keeps them all
+      continue;
+    }
+    KVLAB_CHECK(obs_queries < 0 || want <= obs_queries,
+                "{} scores keys with the last {} prompt queries (its window parameter, {}) but --obs-queries "
+                "keeps {}: raise --obs-queries to {} or lower the window",
+                c->name(), want, c->params().dump(), obs_queries, want);
+  }
+  return need;
+}
+
 int64_t resolve_budget(const CompressOptions& opt, int64_t n) { return opt.budget.entries_for(n); }
 
 CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx) {

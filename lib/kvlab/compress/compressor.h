@@ -20,6 +20,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/compress/budget.h"
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/stream.h"
 
 namespace kvlab {
@@ -79,6 +80,10 @@ class Compressor {
   virtual nlohmann::json params() const = 0;
   // Pure: same input, options and seed -> bitwise-identical output on CPU. No hidden state.
   virtual CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const = 0;
+  // How many of the prompt's last queries the method scores keys with (its observation window):
+  // 0 = none, k > 0 = the last k, -1 = every prompt query. Generation and the task commands keep at
+  // least that many (check_observation_queries); a method never silently gets fewer.
+  virtual int64_t observation_queries() const { return 0; }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
   // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the
   // budget against the tokens seen. kv may be empty (n = 0: a cache streamed from the first
@@ -88,6 +93,12 @@ class Compressor {
     return nullptr;
   }
 };
+
+// Checks that `obs_queries` (the flag --obs-queries: the last prompt queries kept per layer, -1 =
+// every one) covers what every method scores with; the error names the method's parameter and the
+// flag. Returns the number of queries the prefill must keep: obs_queries, or -1 when a method
+// wants every prompt query (H2O's h2o_queries=all).
+int64_t check_observation_queries(const std::vector<const Compressor*>& methods, int64_t obs_queries);
 
 // The entry count a call asks for on a region of n tokens (opt.budget.entries_for(n)).
 int64_t resolve_budget(const CompressOptions& opt, int64_t n);
@@ -137,6 +148,9 @@ struct CompressorInfo {
   std::string name;
   std::string description;  // one line, for --list-methods
   std::unique_ptr<Compressor> (*make)(const nlohmann::json& params);
+  // The setting of the paper's end-to-end experiments, with its sources (preset.h; defined and
+  // cited in the method's file).
+  MethodPreset (*paper)();
   // Reaches a budget by T halvings (keeps ⌊n/2^T⌋): compared at a T, not at an arbitrary budget.
   bool halving = false;
   // Compresses as tokens arrive during decoding, as its paper does; false = prefill-only (decoded
@@ -150,6 +164,8 @@ std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohm
 const CompressorInfo& compressor_info(const std::string& name);
 const std::vector<CompressorInfo>& compressor_infos();
 std::vector<std::string> compressor_names();
+// The named preset (preset.h: "default" | "paper") of a method.
+MethodPreset method_preset(const std::string& name, const std::string& preset);
 // Whether the method (default parameters) keeps compressing while decoding: its start_stream
 // gives a stream (probed on a tiny region).
 bool streams_while_decoding(const std::string& name);

@@ -1,6 +1,7 @@
 // exact — the full cache, no compression. The reference every method is measured against, and
 // the ratio-1 limit every method must reproduce.
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
 
 namespace kvlab {
@@ -24,5 +25,8 @@ class Exact final : public Compressor {
 std::unique_ptr<Compressor> make_exact(const nlohmann::json& params) {
   return std::make_unique<Exact>(Params(params, "exact"));
 }
+
+// Preset "paper": the full cache has no parameters.
+MethodPreset paper_preset_exact() { return {nlohmann::json::object(), 0, 0, "the full cache (no parameters)", "", ""}; }
 
 }  // namespace kvlab

@@ -51,6 +51,7 @@
 //     score 0 and are evicted oldest first, i.e. the cache is a sliding window until queries start;
 //     queries after the region's last token (e.g. behind --keep-last) never trigger an eviction.
 //   - recent window = floor(budget · recent_ratio); the heavy hitters get the rest.
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/h2o.h"
 
 #include <ATen/ATen.h>
@@ -246,6 +247,8 @@ class H2O final : public Compressor {
   }
   std::string name() const override { return "h2o"; }
   nlohmann::json params() const override { return params_; }
+  // h2o_queries=all: every prompt query, in generation and the tasks too (issue 21).
+  int64_t observation_queries() const override { return queries_ == "window" ? query_window_ : -1; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens();
@@ -310,6 +313,14 @@ class H2O final : public Compressor {
 
 std::unique_ptr<Compressor> make_h2o(const nlohmann::json& params) {
   return std::make_unique<H2O>(Params(params, "h2o"));
+}
+
+// Preset "paper": heavy hitters / recent 50/50 (H2O §5 "we keep 50% heavy hitters and 50% recent
+// tokens"; FMInference/H2O h2o_hf heavy_ratio = recent_ratio), scores from every prompt query
+// (the official code accumulates the attention of the whole prompt), group mean.
+MethodPreset paper_preset_h2o() {
+  return {{{"recent_ratio", 0.5}, {"h2o_queries", "all"}, {"h2o_normalize", false}},
+          0, 0, "H2O §5 and FMInference/H2O: heavy/recent 50/50, scores from every prompt query", "", ""};
 }
 
 }  // namespace kvlab

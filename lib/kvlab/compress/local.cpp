@@ -15,6 +15,7 @@
 // the pure window).
 #include <ATen/ATen.h>
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/window_stream.h"
 
@@ -47,6 +48,11 @@ class Local final : public Compressor {
 
 std::unique_ptr<Compressor> make_local(const nlohmann::json& params) {
   return std::make_unique<Local>(Params(params, "local"));
+}
+
+// Preset "paper": the recent window only (no paper of its own: StreamingLLM's "window attention").
+MethodPreset paper_preset_local() {
+  return {nlohmann::json::object(), 0, 0, "StreamingLLM's window-attention baseline: no parameters", "", ""};
 }
 
 }  // namespace kvlab

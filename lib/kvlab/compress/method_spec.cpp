@@ -1,6 +1,7 @@
 #include "kvlab/compress/method_spec.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
@@ -18,8 +19,47 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
   return out;
 }
 
+namespace {
+
+// A harness-level parameter (keep_first / keep_last): a JSON integer or a flag's string, >= 0.
+int64_t keep_value(const nlohmann::json& v, const std::string& method, const std::string& key) {
+  int64_t out = -1;
+  if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+  } else if (v.is_string()) {
+    try {
+      size_t used = 0;
+      out = std::stoll(v.get<std::string>(), &used);
+      if (used != v.get<std::string>().size()) out = -1;
+    } catch (const std::exception&) {
+      out = -1;
+    }
+  }
+  KVLAB_CHECK(out >= 0, "{}: parameter '{}' must be an integer >= 0, got {}", method, key, v.dump());
+  return out;
+}
+
+}  // namespace
+
+void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags) {
+  for (const auto& m : methods)
+    KVLAB_CHECK(m.keep_first < 0 && m.keep_last < 0,
+                "{}: the parameters keep_first/keep_last apply to generation and the task commands; here use {}",
+                m.name, flags);
+}
+
+nlohmann::json MethodSpec::describe(int64_t run_keep_first, int64_t run_keep_last) const {
+  return {{"method", name},
+          {"preset", preset},
+          {"params", compressor ? compressor->params() : params},
+          {"keep_first", keep_first_or(run_keep_first)},
+          {"keep_last", keep_last_or(run_keep_last)}};
+}
+
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
-                                      const nlohmann::json& config_params) {
+                                      const nlohmann::json& config_params, const std::string& preset,
+                                      const std::string& model) {
+  check_preset_name(preset);
   std::vector<std::string> names = spec == "all" ? compressor_names() : split(spec, ',');
   KVLAB_CHECK(config_params.is_object(), "'params' in the config must be an object of method -> parameters");
   for (auto it = config_params.begin(); it != config_params.end(); ++it) {
@@ -31,7 +71,12 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     KVLAB_CHECK(!name.empty(), "--method: empty method name in '{}'", spec);
     KVLAB_CHECK(std::count(names.begin(), names.end(), name) == 1, "--method: '{}' is listed more than once in '{}'",
                 name, spec);
-    nlohmann::json params = config_params.contains(name) ? config_params[name] : nlohmann::json::object();
+    const MethodPreset pre = method_preset(name, preset);
+    nlohmann::json params = pre.params;
+    if (pre.keep_first > 0) params["keep_first"] = pre.keep_first;
+    if (pre.keep_last > 0) params["keep_last"] = pre.keep_last;
+    if (config_params.contains(name))
+      for (auto it = config_params[name].begin(); it != config_params[name].end(); ++it) params[it.key()] = it.value();
     for (const auto& kv : flag_params) {
       auto eq = kv.find('=');
       KVLAB_CHECK(eq != std::string::npos && eq > 0, "--param: expected key=value or method.key=value, got '{}'", kv);
@@ -48,8 +93,24 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     }
     MethodSpec m;
     m.name = name;
-    m.params = params;
-    m.compressor = make_compressor(name, params);
+    m.preset = preset;
+    nlohmann::json method_params = params;
+    for (const char* key : {"keep_first", "keep_last"}) {
+      if (!method_params.contains(key)) continue;
+      (std::string(key) == "keep_first" ? m.keep_first : m.keep_last) = keep_value(method_params[key], name, key);
+      method_params.erase(key);
+    }
+    if (!pre.required_file.empty()) {
+      if (method_params.contains(pre.required_file) && method_params[pre.required_file].is_string())
+        method_params[pre.required_file] = expand_model(method_params[pre.required_file].get<std::string>(), model);
+      const std::string file = method_params.value(pre.required_file, std::string());
+      KVLAB_CHECK(!file.empty() && std::filesystem::is_regular_file(file),
+                  "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {}",
+                  name, preset, pre.required_file, file.empty() ? "not given" : "'" + file + "'",
+                  expand_model(pre.make_command, model));
+    }
+    m.params = method_params;
+    m.compressor = make_compressor(name, method_params);
     out.push_back(std::move(m));
   }
   return out;

@@ -1,10 +1,12 @@
-// A method as a run names it: its registry name, the parameters given, and the compressor built
-// from them; and the lists of budgets and methods a command's flags ask for. Shared by replay,
-// generation and the benchmarks.
+// A method as a run names it: its registry name, its preset (preset.h), the parameters given, the
+// exact tokens the harness keeps around its region, and the compressor built from them; and the
+// lists of budgets and methods a command's flags ask for. Shared by replay, generation and the
+// benchmarks.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,8 +18,20 @@ namespace kvlab {
 
 struct MethodSpec {
   std::string name;
-  nlohmann::json params = nlohmann::json::object();
-  std::shared_ptr<const Compressor> compressor;  // built from name + params
+  std::string preset = "default";
+  nlohmann::json params = nlohmann::json::object();  // the preset's, overridden by config then flags
+  std::shared_ptr<const Compressor> compressor;      // built from name + params
+  // Exact positions the harness keeps before / after the method's region; -1 = the run's
+  // --keep-first / --keep-last. Set by the preset or the harness-level parameters keep_first /
+  // keep_last (e.g. --param balancekv.keep_first=32).
+  int64_t keep_first = -1;
+  int64_t keep_last = -1;
+
+  int64_t keep_first_or(int64_t run) const { return keep_first >= 0 ? keep_first : run; }
+  int64_t keep_last_or(int64_t run) const { return keep_last >= 0 ? keep_last : run; }
+  // What ran: {"method", "preset", "params" (every effective value), "keep_first", "keep_last"}
+  // with the run's keep values filled in.
+  nlohmann::json describe(int64_t run_keep_first, int64_t run_keep_last) const;
 };
 
 // Exactly one of the lists must be non-empty; each value validated by Budget with the flag's name.
@@ -26,7 +40,15 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
 
 // `spec`: "a,b" or "all". `flag_params`: "key=value" (every method) or "method.key=value";
 // `config_params`: {"method": {"key": value}}. Unknown methods and parameters are errors.
+// `preset` ("default" | "paper") gives each method's starting parameters and exact tokens; `model`
+// (the run's --model) fills "{model}" in a preset's file names. A preset's required file (Chelsea's
+// outlier heads) must exist: the error names it and the command that makes it.
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
-                                      const nlohmann::json& config_params);
+                                      const nlohmann::json& config_params, const std::string& preset = "default",
+                                      const std::string& model = "");
+
+// For commands whose exact tokens come from their own flags only (replay, ppl, bench): a method
+// with keep_first/keep_last parameters is an error naming `flags`.
+void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags);
 
 }  // namespace kvlab

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/snapkv.h"
 #include "kvlab/core/check.h"
@@ -92,6 +93,7 @@ class PyramidKV final : public Compressor {
   }
   std::string name() const override { return "pyramidkv"; }
   nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return opt_.window; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens();
@@ -115,6 +117,14 @@ class PyramidKV final : public Compressor {
 
 std::unique_ptr<Compressor> make_pyramidkv(const nlohmann::json& params) {
   return std::make_unique<PyramidKV>(Params(params, "pyramidkv"));
+}
+
+// Preset "paper": KVCache-Factory's run_longbench.py (the PyramidKV authors' release): window_sizes 8,
+// kernel_sizes 7, pooling maxpool, beta 20 (pyramidkv_utils.py); the layer budgets sum exactly to
+// L·budget (kvlab's rounding; `pyramid_floor` gives the release's flooring).
+MethodPreset paper_preset_pyramidkv() {
+  return {{{"window", 8}, {"kernel", 7}, {"pooling", "max"}, {"beta", 20}},
+          0, 0, "KVCache-Factory run_longbench.py: window 8, kernel 7, max-pool, beta 20", "", ""};
 }
 
 }  // namespace kvlab

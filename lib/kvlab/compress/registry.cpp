@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/preset.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 
@@ -30,6 +31,25 @@ std::unique_ptr<Compressor> make_balancekv_mr(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_subgen(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_clustergen(const nlohmann::json& params);
 
+// Paper presets, one per method file (preset.h).
+MethodPreset paper_preset_exact();
+MethodPreset paper_preset_uniform();
+MethodPreset paper_preset_uniform_halving();
+MethodPreset paper_preset_streaming_llm();
+MethodPreset paper_preset_local();
+MethodPreset paper_preset_h2o();
+MethodPreset paper_preset_snapkv();
+MethodPreset paper_preset_pyramidkv();
+MethodPreset paper_preset_cam();
+MethodPreset paper_preset_buzz();
+MethodPreset paper_preset_buzz_interval();
+MethodPreset paper_preset_buzz_logn();
+MethodPreset paper_preset_chelsea();
+MethodPreset paper_preset_balancekv();
+MethodPreset paper_preset_balancekv_mr();
+MethodPreset paper_preset_subgen();
+MethodPreset paper_preset_clustergen();
+
 namespace {
 
 constexpr double kNotStated = std::numeric_limits<double>::quiet_NaN();
@@ -38,71 +58,71 @@ constexpr double kNotStated = std::numeric_limits<double>::quiet_NaN();
 const std::vector<CompressorInfo>& table() {
   static const std::vector<CompressorInfo> t = {
       {"exact", "full cache, no compression (the reference)",
-       make_exact, /*halving=*/false, /*streaming=*/false,
+       make_exact, paper_preset_exact, /*halving=*/false, /*streaming=*/false,
        {kNotStated, "no work (keep_all)",
         "not stated: the identity"}},
       {"uniform", "uniformly random subset per KV head, bias log(1/ratio)",
-       make_uniform, /*halving=*/false, /*streaming=*/false,
+       make_uniform, paper_preset_uniform, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: random subset O(n)",
         "known cost: a random permutation / subset of n tokens, O(n) (METHODS.md §3)"}},
       {"uniform-halving", "T random halvings (BalanceKV's baseline), bias T log 2",
-       make_uniform_halving, /*halving=*/true, /*streaming=*/false,
+       make_uniform_halving, paper_preset_uniform_halving, /*halving=*/true, /*streaming=*/false,
        {1.0, "known: T random halvings O(n)",
         "known cost: T rounds of random signs over the survivors, O(n) (BalanceKV §4.1's baseline)"}},
       {"streaming_llm", "n_sink attention sinks + the most recent tokens (StreamingLLM)",
-       make_streaming_llm, /*halving=*/false, /*streaming=*/true,
+       make_streaming_llm, paper_preset_streaming_llm, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: gather sinks+window O(n)",
         "known cost: a gather of n_sink + window tokens, O(budget) = O(n) at a fixed ratio (StreamingLLM, Xiao et al.)"}},
       {"local", "the most recent tokens only (sliding window)",
-       make_local, /*halving=*/false, /*streaming=*/true,
+       make_local, paper_preset_local, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: gather window O(n)",
         "known cost: a gather of the recent window, O(budget) = O(n) at a fixed ratio"}},
       {"h2o", "recent window + heavy hitters by accumulated attention (H2O)",
-       make_h2o, /*halving=*/false, /*streaming=*/true,
+       make_h2o, paper_preset_h2o, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: O(n_obs n d) scores + top-k",
         "known cost: accumulated attention of n_obs queries over n keys O(n_obs·n·d), then top-k O(n log n) (H2O, Zhang et al.)"}},
       {"snapkv", "observation-window attention, max-pooled, top-k + window (SnapKV)",
-       make_snapkv, /*halving=*/false, /*streaming=*/false,
+       make_snapkv, paper_preset_snapkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: O(w n d) window scores + top-k",
         "known cost: the w-query observation window over n keys O(w·n·d), 1-D pooling O(n), top-k (SnapKV, Li et al.)"}},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
-       make_pyramidkv, /*halving=*/false, /*streaming=*/false,
+       make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",
         "known cost: SnapKV's selection with a per-layer budget, O(w·n·d) (PyramidKV, Cai et al.)"}},
       {"cam", "StreamingLLM eviction, evicted values merged into the next tokens (CaM)",
-       make_cam, /*halving=*/false, /*streaming=*/true,
+       make_cam, paper_preset_cam, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: eviction + merges O(n m d)",
         "known cost: StreamingLLM eviction plus merging each evicted value into m kept ones, O(n·m·d) for fixed m (CaM, Zhang et al.)"}},
       {"buzz", "sink + interval-sampled old + local-max hives of new tokens + window (BUZZ)",
-       make_buzz, /*halving=*/false, /*streaming=*/true,
+       make_buzz, paper_preset_buzz, /*halving=*/false, /*streaming=*/true,
        {1.0, "BUZZ §3.3: O(n) (abstract: 'log n')",
         "BUZZ §3.3 'Time Complexity': O(1) per chunk for chunking and each local heavy hitter, overall O(n), attention scores excluded; the abstract and §5 speak of 'log n time complexity', not derived"}},
       {"buzz-interval", "BUZZ with interval sampling for new tokens too (Fig. 8b ablation)",
-       make_buzz_interval, /*halving=*/false, /*streaming=*/true,
+       make_buzz_interval, paper_preset_buzz_interval, /*halving=*/false, /*streaming=*/true,
        {1.0, "BUZZ §3.3: O(n)",
         "BUZZ §3.3 (as buzz); interval sampling is O(1) per kept token"}},
       {"buzz-logn", "BUZZ with logits scaled by log_512(n) (BUZZ §3.5)",
-       make_buzz_logn, /*halving=*/false, /*streaming=*/true,
+       make_buzz_logn, paper_preset_buzz_logn, /*halving=*/false, /*streaming=*/true,
        {1.0, "BUZZ §3.3: O(n)",
         "BUZZ §3.3 (as buzz); §3.5's log n only rescales logits"}},
       {"chelsea", "chunked soft matching: merge similar keys into degree-weighted centroids (Chelsea)",
-       make_chelsea, /*halving=*/false, /*streaming=*/true,
+       make_chelsea, paper_preset_chelsea, /*halving=*/false, /*streaming=*/true,
        {1.0, "Chelsea §5.2 Tab.1: n c d / 4",
         "Chelsea §5.2 Table 1: chunked soft matching's distance matrix costs n·c·d/4 for chunk size c (vs n²d/4 unchunked); c fixed -> O(n)"}},
       {"balancekv", "T discrepancy halvings by a self-balancing walk, bias log w (BalanceKV, practical)",
-       make_balancekv, /*halving=*/true, /*streaming=*/false,
+       make_balancekv, paper_preset_balancekv, /*halving=*/true, /*streaming=*/false,
        {1.0, "BalanceKV §4+Thm 3.2: O(n b d)/halving",
         "BalanceKV §4.1 (SoftmaxBalance run in parallel on blocks of b) with Theorem 3.2 (SoftmaxBalance on m points: O((d+s)m²)): O(n·b·(d+s)) per halving, geometric over T; derived, the paper states no total"}},
       {"balancekv-mr", "BalanceKV's streaming MergeAndReduce + value-norm buckets, num/den sets (Alg. 1-3)",
-       make_balancekv_mr, /*halving=*/true, /*streaming=*/true,
+       make_balancekv_mr, paper_preset_balancekv_mr, /*halving=*/true, /*streaming=*/true,
        {1.0, "BalanceKV Thm 3.1/3.3: O(n t d)",
         "BalanceKV §3.2 proof of Theorem 3.3: O(n/t) SoftmaxBalance calls on batches of <= t points, each O(d·t²), i.e. O*(1/ε²) per stream step (Theorem 3.1) and O(n·t·d) for n tokens with t fixed"}},
       {"subgen", "online key clusters + l2 value samples, separate num/den sets (SubGen Alg. 1)",
-       make_subgen, /*halving=*/false, /*streaming=*/true,
+       make_subgen, paper_preset_subgen, /*halving=*/false, /*streaming=*/true,
        {1.0, "SubGen Thm 1: O(d(mt+s))/token; =n² if mt+s∝n",
         "SubGen §2.4 Theorem 1: runtime O(d·(m·t + s)) per stream step, so O(n·d·(m·t+s)) for n tokens, sublinear per step when m = n^(1-Ω(1)) (Corollary 1); kvlab sets m·t + s = budget ∝ n at a fixed ratio (and bisects δ), for which the same bound gives n²"}},
       {"clustergen", "recent window + greedy k-center centres, bias log(cluster size) (ClusterGen)",
-       make_clustergen, /*halving=*/false, /*streaming=*/false,
+       make_clustergen, paper_preset_clustergen, /*halving=*/false, /*streaming=*/false,
        {kNotStated, "§4 k-center: not stated (Gonzalez: n k d)",
         "ClusterGen §4: greedy k-center 'applied once to the entire KV cache', cost not stated (Gonzalez: O(n·k·d), k ∝ n at a fixed ratio -> n²); Theorem 2.4's O(d(mt+s)) per step is for Algorithm 1 (kvlab's subgen)"}},
   };
@@ -131,6 +151,15 @@ std::vector<std::string> compressor_names() {
   std::vector<std::string> out;
   for (const auto& e : table()) out.push_back(e.name);
   return out;
+}
+
+MethodPreset method_preset(const std::string& name, const std::string& preset) {
+  check_preset_name(preset);
+  const CompressorInfo& info = compressor_info(name);
+  if (preset == "paper") return info.paper();
+  MethodPreset d;
+  d.source = "the method's parameter defaults";
+  return d;
 }
 
 bool streams_while_decoding(const std::string& name) {

@@ -31,6 +31,7 @@
 //   - GQA: the official code repeats K/V per query head; kvlab selects per KV head on the group's
 //     reduced attention (kvpress's choice).
 //   - Top-k ties go to the lower index (torch.topk leaves them unspecified).
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/snapkv.h"
 
 #include <ATen/ATen.h>
@@ -99,6 +100,7 @@ class SnapKV final : public Compressor {
   }
   std::string name() const override { return "snapkv"; }
   nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return opt_.window; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t b = resolve_budget(opt, kv.n_tokens());
@@ -115,6 +117,13 @@ class SnapKV final : public Compressor {
 
 std::unique_ptr<Compressor> make_snapkv(const nlohmann::json& params) {
   return std::make_unique<SnapKV>(Params(params, "snapkv"));
+}
+
+// Preset "paper": SnapKV's LongBench setting (FasterDecoding/SnapKV config: window_size 32,
+// kernel_size 7, pooling maxpool); its code's default avg-pool / kernel 5 is kvpress's choice.
+MethodPreset paper_preset_snapkv() {
+  return {{{"window", 32}, {"kernel", 7}, {"pooling", "max"}},
+          0, 0, "SnapKV's LongBench config: window 32, kernel 7, max-pool", "", ""};
 }
 
 }  // namespace kvlab

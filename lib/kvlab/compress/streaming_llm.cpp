@@ -21,6 +21,7 @@
 //   - The selection is the same for every KV head.
 #include <ATen/ATen.h>
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/window_stream.h"
 #include "kvlab/core/check.h"
@@ -101,6 +102,12 @@ std::unique_ptr<LayerStream> start_window_stream(const LayerKV& kv, const Budget
 
 std::unique_ptr<Compressor> make_streaming_llm(const nlohmann::json& params) {
   return std::make_unique<StreamingLLM>(Params(params, "streaming_llm"));
+}
+
+// Preset "paper": 4 attention sinks (StreamingLLM, Xiao et al., §4 "4 initial tokens as attention
+// sinks"; the same in every seed paper's Sink baseline and kvpress), the recent window fills the rest.
+MethodPreset paper_preset_streaming_llm() {
+  return {{{"n_sink", 4}}, 0, 0, "StreamingLLM §4: 4 sink tokens + recent window", "", ""};
 }
 
 }  // namespace kvlab

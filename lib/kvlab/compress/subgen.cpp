@@ -45,6 +45,7 @@
 //   - Randomness: one std::mt19937_64 per KV head seeded with (opt.seed, head); coins are
 //     uniform doubles from 53 random bits.
 //   - kept_idx is left undefined: the numerator is a sample with replacement, not a subset.
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/subgen.h"
 
 #include <ATen/ATen.h>
@@ -345,6 +346,13 @@ class SubGen final : public Compressor {
 
 std::unique_ptr<Compressor> make_subgen(const nlohmann::json& params) {
   return std::make_unique<SubGen>(Params(params, "subgen"));
+}
+
+// Preset "paper": SubGen's Algorithm 1 has no end-to-end run of its own (the experiments of §4 run
+// the k-center variant, kvlab's clustergen): its defaults.
+MethodPreset paper_preset_subgen() {
+  return {nlohmann::json::object(), 0, 0, "no end-to-end run of Algorithm 1 (§4 runs clustergen): the defaults",
+          "", ""};
 }
 
 }  // namespace kvlab

@@ -43,6 +43,7 @@
 #include <random>
 #include <vector>
 
+#include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
@@ -193,6 +194,16 @@ std::unique_ptr<Compressor> make_uniform(const nlohmann::json& params) {
 
 std::unique_ptr<Compressor> make_uniform_halving(const nlohmann::json& params) {
   return std::make_unique<UniformHalving>(Params(params, "uniform-halving"));
+}
+
+// Preset "paper": uniform sampling has no end-to-end experiment in the five papers (BalanceKV
+// compares with uniform-halving only in its single-layer study, §4.1): its defaults.
+MethodPreset paper_preset_uniform() {
+  return {nlohmann::json::object(), 0, 0, "no end-to-end experiment in a paper: the defaults", "", ""};
+}
+MethodPreset paper_preset_uniform_halving() {
+  return {nlohmann::json::object(), 0, 0, "BalanceKV §4.1's single-layer baseline; no end-to-end run: the defaults",
+          "", ""};
 }
 
 }  // namespace kvlab

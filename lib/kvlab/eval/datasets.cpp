@@ -149,6 +149,11 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
         KVLAB_CHECK(t != prompts.end() && t->is_string(),
                     "{}: LongBench dataset '{}' has no template in dataset2prompt.json", where, rec.dataset);
         rec.prompt = format_prompt_template(t->get<std::string>(), r, where);
+        {
+          const std::string tmpl = t->get<std::string>();
+          const size_t at = tmpl.find("{context}");
+          if (at != std::string::npos) rec.question = format_prompt_template(tmpl.substr(at + 9), r, where);
+        }
         const json& answers = r["answers"];
         KVLAB_CHECK(answers.is_array(), "{}: 'answers' must be an array", where);
         for (const auto& a : answers) {
@@ -164,6 +169,7 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
       case DatasetSchema::LongEval:
         rec.dataset = "longeval";
         rec.prompt = string_field(r, "prompt", where);
+        if (size_t q = rec.prompt.rfind("\n\n"); q != std::string::npos) rec.question = rec.prompt.substr(q);
         rec.answers.push_back(string_field(r, "expected_number", where));
         for (const char* k : {"num_lines", "token_size", "correct_line", "random_idx"})
           if (r.contains(k)) rec.extra[k] = r[k];
@@ -171,6 +177,7 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
       case DatasetSchema::Xsum:
         rec.dataset = "xsum";
         rec.prompt = string_field(r, "article", where);
+        if (size_t q = rec.prompt.rfind("\n\n"); q != std::string::npos) rec.question = rec.prompt.substr(q);
         if (r.contains("summary_gt")) rec.answers.push_back(string_field(r, "summary_gt", where));
         for (const char* k : {"max_tokens", "stop"})
           if (r.contains(k)) rec.extra[k] = r[k];

@@ -24,6 +24,9 @@ struct PromptRecord {
   std::string id;                    // _id / "line N"
   std::string dataset;               // LongBench name, "longeval", "xsum", or the file stem
   std::string prompt;                // the text to tokenize (before any chat template)
+  // The tail of `prompt` that is the question (LongBench: the template's text after {context};
+  // LongEval, XSUM: the last paragraph); "" = not known. --protocol context splits there.
+  std::string question;
   std::vector<std::string> answers;  // references: LongBench answers, expected_number, summary_gt
   bool use_chat_template = true;     // false for LongBench's few-shot/code sets (trec, lcc, ...)
   int64_t line = 0;                  // 1-based line in the file

@@ -70,13 +70,31 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   const int n_layers = static_cast<int>(model.config.n_layers);
   for (int l = 0; l < n_layers; ++l)
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
-                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream));
+                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
+                                    spec.count_whole));
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();
+  r.entries_start = attn.live_entries();
+  double entries_sum = r.entries_start, bytes_sum = double(r.kv_bytes);
+  int64_t samples = 1;
+  auto sample = [&] {
+    entries_sum += attn.live_entries();
+    bytes_sum += double(attn.bytes());
+    ++samples;
+  };
 
   auto t0 = std::chrono::steady_clock::now();
   at::Tensor logits = prefill.last_logits;  // [vocab]
   int64_t pos = static_cast<int64_t>(prefill.prompt.size());
+  if (!opt.suffix.empty()) {
+    // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab].
+    ForwardOptions fo;
+    fo.tap = opt.tap;
+    at::Tensor all = forward(model, at::tensor(opt.suffix, at::kLong), pos, attn, fo);
+    logits = all.select(0, all.size(0) - 1);  // [vocab]
+    pos += static_cast<int64_t>(opt.suffix.size());
+    sample();
+  }
   const auto& eos = model.config.eos_token_ids;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     if (step > 0) {
@@ -85,6 +103,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
       fo.tap = opt.tap;
       logits = forward(model, token, pos, attn, fo).select(0, 0);                     // [vocab]
       ++pos;
+      sample();
     }
     if (opt.on_logits) opt.on_logits(step, logits);
     const int64_t next = logits.argmax().item<int64_t>();
@@ -97,7 +116,23 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   r.kv_bytes_end = attn.bytes();
   if (opt.on_done) opt.on_done(attn);
   r.kv_bytes_peak = attn.peak_bytes();
+  r.entries_mean = entries_sum / double(samples);
+  r.entries_peak = attn.peak_entries();
+  r.bytes_mean = bytes_sum / double(samples);
+  if (opt.keep_kept) r.kept = kept_json(attn);
   return r;
+}
+
+nlohmann::json kept_json(const CompressedAttention& attn) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (int64_t l = 0; l < attn.n_layers(); ++l) {
+    const CompressedLayer& cl = attn.layer(static_cast<int>(l));
+    nlohmann::json heads = nlohmann::json::array();
+    const int64_t h = cl.num.keys.defined() ? cl.num.keys.size(0) : 0;
+    for (int64_t i = 0; i < h; ++i) heads.push_back(cl.kept(i));
+    layers.push_back({{"layer", l}, {"kv_heads", heads}});
+  }
+  return {{"layers", layers}};
 }
 
 }  // namespace kvlab

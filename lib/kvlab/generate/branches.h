@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -36,9 +37,15 @@ struct BranchSpec {
   int64_t keep_first = 0;  // positions kept exact before the compressed region
   int64_t keep_last = 0;   // prompt positions kept exact after it
   bool stream = true;      // streaming methods keep compressing while decoding; false = --prefill-only
+  // Equal memory counted whole (compressed_cache.h compress_layer): keep_first/keep_last inside the budget.
+  bool count_whole = false;
 };
 
 struct BranchOptions {
+  // Tokens fed through the compressed cache before the first answer token, at the positions after
+  // the prefill (--protocol context: the question and the assistant prefix); the first answer token
+  // then comes from the compressed cache. Empty = it comes from the prefill's last logits.
+  std::vector<int64_t> suffix;
   int64_t max_new_tokens = 64;
   bool stop_at_eos = true;
   std::function<void(int64_t step, const at::Tensor& logits)> on_logits;  // logits [vocab] of each choice
@@ -46,13 +53,24 @@ struct BranchOptions {
   std::function<bool(const std::vector<int64_t>& ids)> stop_when;  // after each token: stop here
   QkvTap* tap = nullptr;  // sees every decode step's q/k/v (tests drive the streams offline with them)
   std::function<void(const CompressedAttention&)> on_done;  // the cache as decoding left it
+  bool keep_kept = false;  // fill BranchResult::kept
 };
+
+// What a compressed cache holds: {"layers": [{"layer", "kv_heads": [{"positions", "weights"}]}]}
+// (CompressedLayer::kept), the --kept-out format.
+nlohmann::json kept_json(const CompressedAttention& attn);
 
 struct BranchResult {
   std::vector<int64_t> ids;     // generated tokens
   int64_t kv_bytes = 0;         // the compressed cache right after compression
   int64_t kv_bytes_end = 0;     // ... after the last decoded token
   int64_t kv_bytes_peak = 0;    // the most it held (CompressedAttention::peak_bytes)
+  // Live entries per (layer, KV head) (CompressedAttention::live_entries): right after
+  // compression, the mean over that moment and every step after it (the suffix, each decoded
+  // token), and the peak (a step's new token included before a stream evicts).
+  double entries_start = 0, entries_mean = 0, entries_peak = 0;
+  double bytes_mean = 0;        // kv bytes, averaged as entries_mean
+  nlohmann::json kept;          // BranchOptions::keep_kept: the cache as decoding left it (kept_json)
   double compress_ms = 0;       // every layer's compress() call
   double decode_seconds = 0;
 };

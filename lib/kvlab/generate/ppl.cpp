@@ -31,6 +31,7 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
     layer.num.keys = none, layer.num.values = none;
     layer.num.bias = at::zeros({c.n_kv_heads, 0}, opts);
     layer.num.pos = at::zeros({c.n_kv_heads, 0}, opts.dtype(at::kLong));
+    layer.origin = layer.num.pos.clone();
     if (b.method.name != "exact") {
       LayerKV empty;
       empty.keys = none, empty.values = none;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kvlab/core/check.h"
+#include "kvlab/tasks/prompt_split.h"
 #include "kvlab/eval/metrics/longbench_eval.h"
 #include "kvlab/model/model_tokenizer.h"
 
@@ -74,10 +75,19 @@ TaskRecord longbench_task_record(const PromptRecord& rec, const ModelSource& src
              tok.decode(std::vector<int64_t>(ids.end() - half, ids.end()), true);
     truncated_from = int64_t(ids.size());
   }
+  // The question is the template's text after {context}; a cut prompt still ends with it unless
+  // the cut reached into it (then the record has no split).
+  const bool ends_with_question = !rec.question.empty() && prompt.size() >= rec.question.size() &&
+                                  prompt.compare(prompt.size() - rec.question.size(), rec.question.size(),
+                                                 rec.question) == 0;
+  const size_t raw_split = ends_with_question ? prompt.size() - rec.question.size() : std::string::npos;
+  const std::string raw = prompt;
   if (rec.use_chat_template) prompt = apply_model_chat_template(chat_template, src, tok, prompt);
   TaskRecord r;
   r.id = rec.id;
-  r.prompt = tok.encode(prompt, /*add_bos=*/true);
+  SplitPrompt sp = encode_split(tok, prompt, offset_in(prompt, raw, raw_split));
+  r.prompt = std::move(sp.ids);
+  r.context_len = sp.context_len;
   r.max_new_tokens = max_new_tokens;
   if (rec.dataset == "samsum") r.stop = {"\n"};
   json all_classes = rec.extra.contains("all_classes") ? rec.extra["all_classes"] : json(nullptr);

@@ -5,6 +5,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/model/model_tokenizer.h"
+#include "kvlab/tasks/prompt_split.h"
 
 namespace kvlab {
 
@@ -16,7 +17,11 @@ TaskRecord summarize_task_record(const PromptRecord& rec, const ModelSource& src
   KVLAB_CHECK(!rec.answers.empty(), "{}: no 'summary_gt' to score against", where);
   TaskRecord r;
   r.id = rec.id;
-  r.prompt = tok.encode(apply_model_chat_template(chat_template, src, tok, rec.prompt), /*add_bos=*/true);
+  const std::string text = apply_model_chat_template(chat_template, src, tok, rec.prompt);
+  const size_t q = rec.question.empty() ? std::string::npos : rec.prompt.size() - rec.question.size();
+  SplitPrompt sp = encode_split(tok, text, offset_in(text, rec.prompt, q));
+  r.prompt = std::move(sp.ids);
+  r.context_len = sp.context_len;
   r.max_new_tokens = max_new_tokens;
   if (r.max_new_tokens <= 0) {
     r.max_new_tokens = 64;

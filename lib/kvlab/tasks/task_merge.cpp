@@ -32,7 +32,7 @@ json merge_task_rows(const std::vector<json>& shard_rows) {
     m["n"] = int64_t(n);
     m["record_scores"] = json::object();
     for (auto it = m.begin(); it != m.end(); ++it) {
-      if (it.key() == "n" || it.key() == "record_scores") continue;
+      if (it.key() == "n" || it.key() == "record_scores" || it.key() == "mem") continue;  // mem: marked again below
       if (it.value().is_number_float() || (it.value().is_number() && it.key() != "n")) {
         double s = 0;
         for (const auto& r : parts) s += r.at(it.key()).get<double>() * r.at("n").get<double>();
@@ -50,6 +50,7 @@ json merge_task_rows(const std::vector<json>& shard_rows) {
       }
     out.push_back(m);
   }
+  mark_unequal_memory(out);
   return out;
 }
 

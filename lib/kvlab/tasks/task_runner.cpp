@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +110,7 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
   const double n = std::max<double>(1.0, double(ids.size()));
   nlohmann::json row = {{"branch", branch.label},
                         {"method", branch.method.name},
+                        {"preset", branch.method.preset},
                         {"setting", branch.method.name == "exact" ? "full" : branch.budget.label()},
                         {"params", branch.method.compressor ? branch.method.compressor->params() : nlohmann::json()},
                         {"dataset", task.dataset},
@@ -117,6 +120,21 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
   row["same_as_exact"] = same / n;
   row["rougeL_vs_exact"] = rouge / n;
   row["seconds_per_record"] = secs / n;
+  // Memory (issue 21): the mean of each record's numbers; rows of runs before it have none.
+  for (const char* key : {"entries_mean", "entries_peak", "bytes_mean", "bytes_peak"}) {
+    double sum = 0;
+    bool all = !ids.empty();
+    for (const auto& id : ids) {
+      const auto& l = lines.at(id);
+      all = all && l.contains(key) && l[key].is_number();
+      if (all) sum += l[key].get<double>();
+    }
+    if (all) row[key] = sum / n;
+  }
+  if (lines.size() && !ids.empty() && lines.at(ids.front()).contains("keep_first")) {
+    row["keep_first"] = lines.at(ids.front())["keep_first"];
+    row["keep_last"] = lines.at(ids.front())["keep_last"];
+  }
   row["record_scores"] = per_record;
   return row;
 }
@@ -126,6 +144,25 @@ std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
   std::string b = budget.label();
   b.erase(std::remove(b.begin(), b.end(), '='), b.end());
   return method.name + "_" + b;
+}
+
+void mark_unequal_memory(nlohmann::json& rows) {
+  std::map<std::string, std::vector<double>> peers;
+  auto group = [](const nlohmann::json& r) {
+    return r.value("dataset", std::string()) + "|" + r.value("setting", std::string());
+  };
+  auto eligible = [](const nlohmann::json& r) {
+    return r.value("method", std::string()) != "exact" && r.contains("entries_peak") && r["entries_peak"].is_number();
+  };
+  for (const auto& r : rows)
+    if (eligible(r)) peers[group(r)].push_back(r["entries_peak"].get<double>());
+  for (auto& r : rows) {
+    if (!eligible(r)) continue;
+    auto v = peers[group(r)];
+    std::sort(v.begin(), v.end());
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    r["mem"] = std::abs(r["entries_peak"].get<double>() - median) > 0.01 * median ? "*" : "";
+  }
 }
 
 nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
@@ -148,6 +185,9 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       if (auto it = done[i].find(r.id); it != done[i].end()) f << it->second.dump() << "\n";
     KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
   }
+  std::vector<const Compressor*> compressors;
+  for (const auto& b : branches) compressors.push_back(b.method.compressor.get());
+  const int64_t n_obs = check_observation_queries(compressors, opt.obs_queries);  // -1 = every prompt query
   std::vector<double> seconds(branches.size(), 0.0);
   int64_t finished = 0;
   for (const auto& r : records) {
@@ -157,7 +197,18 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id + " (done before)", true);
       continue;
     }
-    Prefill pre = run_prefill(model, r.prompt, opt.obs_queries);
+    // --protocol context: the exact prefill covers the context only; the rest goes through each
+    // branch's compressed cache (BranchOptions::suffix).
+    const bool two_stage = opt.protocol.question == TaskProtocol::Question::context;
+    KVLAB_CHECK(!two_stage || (r.context_len > 0 && r.context_len < int64_t(r.prompt.size())),
+                "--protocol context: record '{}' of {} has no context/question split (context {} of {} prompt "
+                "tokens); its task did not find where the question starts", r.id, task.dataset, r.context_len,
+                r.prompt.size());
+    const std::vector<int64_t> context(r.prompt.begin(), r.prompt.begin() + (two_stage ? r.context_len
+                                                                                       : int64_t(r.prompt.size())));
+    const std::vector<int64_t> suffix(r.prompt.begin() + int64_t(context.size()), r.prompt.end());
+    Prefill pre = run_prefill(model, context, n_obs < 0 ? int64_t(context.size()) : n_obs);
+    nlohmann::json kept_branches = nlohmann::json::array();
     std::string exact_out;
     for (size_t i = 0; i < branches.size(); ++i) {
       if (auto it = done[i].find(r.id); it != done[i].end()) {
@@ -166,6 +217,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       }
       const auto t0 = std::chrono::steady_clock::now();
       BranchOptions bo;
+      bo.suffix = suffix;
+      bo.keep_kept = !opt.kept_dir.empty();
       bo.max_new_tokens = r.max_new_tokens;
       bo.stop_at_eos = true;
       if (!r.stop.empty())
@@ -175,14 +228,30 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
             if (!s.empty() && text.find(s) != std::string::npos) return true;
           return false;
         };
-      BranchSpec spec{branches[i].method, branches[i].budget, opt.seed, opt.keep_first, opt.keep_last};
+      const MethodSpec& m = branches[i].method;
+      BranchSpec spec{m, branches[i].budget, opt.seed, m.keep_first_or(opt.keep_first), m.keep_last_or(opt.keep_last),
+                      opt.protocol.decode == TaskProtocol::Decode::stream, /*count_whole=*/true};
       BranchResult br = run_branch(model, pre, spec, bo);
+      if (bo.keep_kept) {
+        nlohmann::json k = br.kept;
+        k["branch"] = branches[i].label;
+        k["method"] = m.name;
+        k["params"] = m.describe(opt.keep_first, opt.keep_last);
+        kept_branches.push_back(std::move(k));
+      }
       const std::string out = cut_at_stop(tok.decode(br.ids, true), r.stop);
       if (i == 0) exact_out = out;
       nlohmann::json line = {{"id", r.id}, {"prompt_tokens", r.prompt.size()}, {"output", out}, {"gold", r.gold},
                              {"generated_tokens", br.ids.size()}};
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
+      line["keep_first"] = spec.keep_first;
+      line["keep_last"] = spec.keep_last;
+      line["entries_start"] = br.entries_start;
+      line["entries_mean"] = br.entries_mean;
+      line["entries_peak"] = br.entries_peak;
+      line["bytes_mean"] = br.bytes_mean;
+      line["bytes_peak"] = br.kv_bytes_peak;
       line["same_as_exact"] = out == exact_out;
       line["rougeL_vs_exact"] = fidelity_rouge_l(exact_out, out);
       line["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
@@ -193,6 +262,17 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
       done[i][r.id] = line;
     }
+    if (!opt.kept_dir.empty()) {
+      const fs::path dir = fs::path(opt.kept_dir) / task.dataset;
+      fs::create_directories(dir);
+      std::string name = r.id;
+      for (char& ch : name)
+        if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) ch = '_';
+      std::ofstream f(dir / (name + ".json"));
+      f << nlohmann::json{{"record", r.id}, {"protocol", opt.protocol.to_json()}, {"branches", kept_branches}}.dump()
+        << "\n";
+      KVLAB_CHECK(f.good(), "{}: write failed", (dir / (name + ".json")).string());
+    }
     if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id, false);
   }
   // The summary, from every branch's lines over these records.
@@ -200,6 +280,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   for (const auto& r : records) ids.push_back(r.id);
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < branches.size(); ++i) rows.push_back(task_summary_row(branches[i], task, ids, done[i]));
+  for (auto& row : rows) row["protocol"] = opt.protocol.question_name(), row["decode_rule"] = opt.protocol.decode_name();
+  mark_unequal_memory(rows);
   return rows;
 }
 

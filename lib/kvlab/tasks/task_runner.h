@@ -22,6 +22,7 @@
 
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/model/model.h"
+#include "kvlab/tasks/protocol.h"
 #include "kvlab/tokenizer/tokenizer.h"
 
 namespace kvlab {
@@ -29,6 +30,9 @@ namespace kvlab {
 struct TaskRecord {
   std::string id;                 // unique within the dataset
   std::vector<int64_t> prompt;    // token ids, chat template applied
+  // prompt[0, context_len) is the context, the rest the question and the assistant prefix
+  // (--protocol context feeds the rest through the compressed cache); -1 = no split known.
+  int64_t context_len = -1;
   int64_t max_new_tokens = 64;
   std::vector<std::string> stop;  // stop strings besides EOS; the output is cut before the first
   nlohmann::json gold;            // what the scorer needs
@@ -64,17 +68,25 @@ std::string task_branch_label(const MethodSpec& method, const Budget& budget);
 
 struct TaskOptions {
   std::string pred_dir;     // <run>/pred
+  TaskProtocol protocol;    // the question, the decode rule, memory counted whole (protocol.h)
+  std::string kept_dir;     // "" = off; else <kept_dir>/<dataset>/<record id>.json: what every branch kept
   uint64_t seed = 0;
   int64_t obs_queries = 256;
-  int64_t keep_first = 0;  // prompt positions kept exact before every branch's compressed region
-  int64_t keep_last = 0;   // and after it (the question, the template's last tokens)
+  int64_t keep_first = 0;  // prompt positions kept exact before the compressed region (a method's
+  int64_t keep_last = 0;   // preset or keep_first/keep_last parameter overrides), inside the budget
   // Called once per record; `resumed`: every branch had it from an earlier run.
   std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
 };
 
+// Marks every non-exact row whose entries_peak differs by more than 1% from the median of the rows
+// of its dataset and setting: "mem" = "*" (else ""). Rows without entries_peak are left alone.
+void mark_unequal_memory(nlohmann::json& rows);
+
 // Runs every record through `branches` (the first must be exact: the fidelity reference) and
-// returns one summary row per branch: {"branch", "method", "setting", "dataset", "n", "score",
-// "same_as_exact", "rougeL_vs_exact", "seconds_per_record", "record_scores": {id: score}}.
+// returns one summary row per branch: {"branch", "method", "preset", "setting", "dataset", "n",
+// "score", "same_as_exact", "rougeL_vs_exact", "seconds_per_record", "entries_mean",
+// "entries_peak", "bytes_mean", "bytes_peak", "mem", "record_scores": {id: score}}. The entry
+// counts are live entries per (layer, KV head), averaged over the records (generate/branches.h).
 nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
                         const std::vector<TaskRecord>& records, const std::vector<TaskBranch>& branches,
                         const TaskOptions& opt);

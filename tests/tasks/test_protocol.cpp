@@ -1,0 +1,348 @@
+// Issue 21: faithful end-to-end protocols.
+//   * presets: every method has a paper preset citing its source; BalanceKV's keeps [0, 32) and the
+//     last 32 prompt positions exact (read from --kept-out); Chelsea's refuses to run without its
+//     outlier file and names the command that makes it;
+//   * equal memory counted whole: methods at one ratio, exact sinks and windows included, hold the
+//     same peak entries within 1%;
+//   * --protocol context: the compressed entries hold no question position, the first answer token
+//     differs from --protocol whole on a case built for it, and run_task equals a two-stage run made
+//     by hand from the lower-level calls;
+//   * a window larger than --obs-queries is an error naming both; h2o_queries=all uses every
+//     prompt query in generation whatever --obs-queries says.
+#include <doctest/doctest.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "kvlab/cache/compressed_cache.h"
+#include "kvlab/compress/method_spec.h"
+#include "kvlab/compress/preset.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+#include "kvlab/generate/branches.h"
+#include "kvlab/model/model_tokenizer.h"
+#include "kvlab/tasks/prompt_split.h"
+#include "kvlab/tasks/task_runner.h"
+#include "test_util.h"
+
+using namespace kvlab;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
+bool have_stories() {
+  if (fs::exists(stories_dir() + "/model.safetensors")) return true;
+  MESSAGE("skipped: " << stories_dir() << " not found (set KVLAB_SHARED)");
+  return false;
+}
+
+// n token ids of stories260K's vocabulary (512), BOS first; varied but fixed.
+std::vector<int64_t> prompt_ids(int64_t n, int64_t salt = 0) {
+  std::vector<int64_t> ids = {1};
+  for (int64_t i = 1; i < n; ++i) ids.push_back(3 + (i * 37 + salt * 11 + (i * i) % 23) % 500);
+  return ids;
+}
+
+std::string join_ids(const std::vector<int64_t>& ids) { return fmt::format("{}", fmt::join(ids, ",")); }
+
+// Positions (and weights) one KV head of one layer of a --kept-out branch holds.
+std::map<int64_t, double> kept_map(const json& head) {
+  std::map<int64_t, double> out;
+  const auto& p = head.at("positions");
+  const auto& w = head.at("weights");
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i].get<int64_t>() >= 0) out[p[i].get<int64_t>()] = w[i].get<double>();
+  return out;
+}
+
+MethodSpec one(const std::string& name, const std::string& preset = "default", std::vector<std::string> flags = {}) {
+  return build_methods(name, flags, json::object(), preset, "stories260K").at(0);
+}
+
+}  // namespace
+
+TEST_CASE("presets: every method has a paper preset with its source; bad names fail") {
+  for (const auto& info : compressor_infos()) {
+    INFO("method=", info.name);
+    const MethodPreset p = method_preset(info.name, "paper");
+    CHECK(!p.source.empty());
+    if (info.name == "chelsea") continue;  // needs its calibration file (below)
+    const MethodSpec m = one(info.name, "paper");
+    CHECK(m.preset == "paper");
+    if (p.keep_first > 0) CHECK(m.keep_first == p.keep_first);
+    if (p.keep_last > 0) CHECK(m.keep_last == p.keep_last);
+  }
+  const MethodSpec b = one("balancekv", "paper");
+  CHECK(b.keep_first == 32);
+  CHECK(b.keep_last == 32);
+  CHECK(b.compressor->params()["block"] == 128);
+  CHECK(b.compressor->params()["temp"] == 1.0);
+  CHECK(b.compressor->params()["T"] == 2);
+  CHECK(one("snapkv", "paper").compressor->params()["pooling"] == "max");
+  CHECK(one("pyramidkv", "paper").compressor->params()["window"] == 8);
+  CHECK(one("clustergen", "paper").compressor->params()["kcenter_weights"] == "none");
+  // Flags override the preset; keep_first/keep_last are harness parameters, not the method's.
+  const MethodSpec o = one("balancekv", "paper", {"balancekv.keep_first=4", "block=64"});
+  CHECK(o.keep_first == 4);
+  CHECK(o.keep_last == 32);
+  CHECK(o.compressor->params()["block"] == 64);
+  CHECK(!o.compressor->params().contains("keep_first"));
+  CHECK(one("balancekv").keep_first == -1);  // default preset: the run's --keep-first
+  CHECK_THROWS_WITH_AS(one("snapkv", "papers"), doctest::Contains("--preset: unknown preset 'papers'"), Error);
+  CHECK_THROWS_WITH_AS(one("snapkv", "default", {"keep_first=-3"}), doctest::Contains("keep_first"), Error);
+  CHECK(expand_model("c/x_{model}.json", "../shared/models/stories260K/") == "c/x_stories260K.json");
+  CHECK(expand_model("{model}", "/m/SmolLM2-135M.Q4_1.gguf") == "SmolLM2-135M.Q4_1");
+}
+
+TEST_CASE("presets: chelsea's paper preset refuses to run without its outlier file, naming the command") {
+  const std::string dir = test::temp_dir("chelsea_preset");
+  CHECK_THROWS_WITH_AS(one("chelsea", "paper"),
+                       doctest::Contains("kvlab calibrate chelsea --model stories260K"), Error);
+  CHECK_THROWS_WITH_AS(one("chelsea", "paper", {"chelsea.outliers=" + dir + "/none.json"}),
+                       doctest::Contains("does not exist"), Error);
+  // The same through a task command, before the model loads.
+  if (!have_stories()) return;
+  std::string out;
+  const int rc = test::run_command(test::kvlab_bin() + " niah --model " + stories_dir() + " --haystack-dir " +
+                                       test::shared_dir() + "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 " +
+                                       "--method chelsea --ratio 0.5 --preset paper --quiet --out " + dir + "/run",
+                                   &out);
+  CHECK(rc != 0);
+  CHECK(out.find("kvlab calibrate chelsea --model stories260K") != std::string::npos);
+  // With the file kvlab calibrate writes, it runs.
+  REQUIRE(test::run_command(test::kvlab_bin() + " calibrate chelsea --model " + stories_dir() + " --text " +
+                                test::shared_dir() + "/data/wikitext2/wiki.test.raw --samples 1 --tokens 300 --out " +
+                                dir + "/o.json",
+                            &out) == 0);
+  CHECK_NOTHROW(one("chelsea", "paper", {"chelsea.outliers=" + dir + "/o.json"}));
+}
+
+TEST_CASE("balancekv --preset paper keeps [0, 32) and the last 32 prompt positions exact (--kept-out)") {
+  if (!have_stories()) return;
+  const std::string dir = test::temp_dir("balancekv_kept");
+  const int64_t n = 400;
+  std::string out;
+  const int rc = test::run_command(test::kvlab_bin() + " generate --model " + stories_dir() + " --prompt-ids " +
+                                       join_ids(prompt_ids(n)) + " --method balancekv --preset paper --ratio 0.5 " +
+                                       "--max-new-tokens 1 --kept-out " + dir + "/kept.json",
+                                   &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  const json k = read_json_file(dir + "/kept.json");
+  REQUIRE(k["branches"].size() == 1);
+  const json& b = k["branches"][0];
+  CHECK(b["method"] == "balancekv");
+  CHECK(b["keep_first"] == 32);
+  CHECK(b["keep_last"] == 32);
+  REQUIRE(b["layers"].size() == 5);
+  for (const auto& layer : b["layers"])
+    for (const auto& head : layer["kv_heads"]) {
+      const auto m = kept_map(head);
+      // Memory counted whole: 0.5 x 400 entries, the 64 exact ones included.
+      CHECK(head["positions"].size() == 200);
+      for (int64_t p = 0; p < 32; ++p) CHECK((m.count(p) == 1 && m.at(p) == 1.0));
+      for (int64_t p = n - 32; p < n; ++p) CHECK((m.count(p) == 1 && m.at(p) == 1.0));
+      // The 336 middle positions were halved to the 136 entries left: weights of the keep rule
+      // (x2 or x1 a round, over one or two rounds).
+      int64_t middle = 0;
+      for (const auto& [p, w] : m)
+        if (p >= 32 && p < n - 32) {
+          ++middle;
+          CHECK((std::abs(w - 1) < 1e-5 || std::abs(w - 2) < 1e-5 || std::abs(w - 4) < 1e-5));
+        }
+      CHECK(middle == 136);
+    }
+}
+
+TEST_CASE("equal memory counted whole: methods at one ratio hold the same peak within 1%, --keep-* included") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  const auto prompt = prompt_ids(400, 1);
+  Prefill pre = run_prefill(model, prompt, 64);
+  const Budget r = Budget::of_ratio(0.25);
+  BranchOptions bo;
+  bo.max_new_tokens = 5;
+  bo.stop_at_eos = false;
+  struct Case {
+    MethodSpec m;
+    int64_t keep_first, keep_last;
+  };
+  // balancekv: its preset's 32 + 32; snapkv and h2o: the run's --keep-first 8 / --keep-last 16;
+  // streaming_llm: none besides its own sinks.
+  std::vector<Case> cases = {{one("balancekv", "paper"), 0, 0},
+                             {one("snapkv", "paper"), 8, 16},
+                             {one("h2o", "paper"), 8, 16},
+                             {one("streaming_llm", "paper"), 0, 0},
+                             {one("pyramidkv", "paper"), 8, 0}};
+  std::vector<double> peaks;
+  for (const auto& c : cases) {
+    INFO("method=", c.m.name);
+    BranchSpec spec{c.m, r, 0, c.m.keep_first_or(c.keep_first), c.m.keep_last_or(c.keep_last), /*stream=*/false,
+                    /*count_whole=*/true};
+    BranchResult br = run_branch(model, pre, spec, bo);
+    CHECK(br.entries_start == doctest::Approx(100.0));       // 0.25 x 400
+    CHECK(br.entries_peak == doctest::Approx(100.0 + 4.0));  // + the 4 decoded tokens fed back
+    peaks.push_back(br.entries_peak);
+  }
+  for (double p : peaks) CHECK(std::abs(p - peaks.front()) <= 0.01 * peaks.front());
+  // Counted outside the budget (before issue 21) balancekv held 0.25 x 336 + 64 = 148.
+  BranchSpec outside{cases[0].m, r, 0, 32, 32, false, /*count_whole=*/false};
+  CHECK(run_branch(model, pre, outside, bo).entries_start == doctest::Approx(148.0));
+}
+
+TEST_CASE("mark_unequal_memory: rows more than 1% from their setting's median") {
+  json rows = json::array({{{"method", "exact"}, {"dataset", "d"}, {"setting", "full"}, {"entries_peak", 400.0}},
+                           {{"method", "a"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 100.0}},
+                           {{"method", "b"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 100.5}},
+                           {{"method", "c"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 120.0}}});
+  mark_unequal_memory(rows);
+  CHECK(!rows[0].contains("mem"));
+  CHECK(rows[1]["mem"] == "");
+  CHECK(rows[2]["mem"] == "");
+  CHECK(rows[3]["mem"] == "*");
+}
+
+TEST_CASE("a window larger than --obs-queries is an error naming both; h2o_queries=all asks for every query") {
+  const MethodSpec s = one("snapkv", "default", {"window=64"});
+  CHECK_THROWS_WITH_AS(check_observation_queries({s.compressor.get()}, 32), doctest::Contains("--obs-queries"), Error);
+  CHECK_THROWS_WITH_AS(check_observation_queries({s.compressor.get()}, 32), doctest::Contains("window"), Error);
+  CHECK(check_observation_queries({s.compressor.get()}, 64) == 64);
+  const MethodSpec py = one("pyramidkv", "default", {"window=40"});
+  CHECK_THROWS_AS(check_observation_queries({py.compressor.get()}, 32), Error);
+  CHECK(check_observation_queries({one("h2o").compressor.get()}, 32) == -1);
+  CHECK(check_observation_queries({one("h2o", "default", {"h2o_queries=window"}).compressor.get()}, 32) == 32);
+  if (!have_stories()) return;
+  std::string out;
+  const int rc = test::run_command(test::kvlab_bin() + " generate --model " + stories_dir() + " --prompt-ids " +
+                                       join_ids(prompt_ids(50)) + " --method snapkv --param snapkv.window=64 " +
+                                       "--obs-queries 32 --ratio 0.5",
+                                   &out);
+  CHECK(rc != 0);
+  CHECK(out.find("--obs-queries") != std::string::npos);
+}
+
+TEST_CASE("h2o_queries=all in generation scores with every prompt query, whatever --obs-queries keeps") {
+  if (!have_stories()) return;
+  const std::string dir = test::temp_dir("h2o_all");
+  auto kept = [&](const std::string& obs, const std::string& name) {
+    std::string out;
+    const int rc = test::run_command(test::kvlab_bin() + " generate --model " + stories_dir() + " --prompt-ids " +
+                                         join_ids(prompt_ids(300, 2)) + " --method h2o --ratio 0.3 --prefill-only " +
+                                         "--max-new-tokens 1 --obs-queries " + obs + " --kept-out " + dir + "/" +
+                                         name,
+                                     &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    return read_json_file(dir + "/" + name)["branches"][0]["layers"];
+  };
+  CHECK(kept("8", "a.json") == kept("300", "b.json"));
+}
+
+TEST_CASE("--protocol context: the question goes through the compressed cache; equals a hand-made two-stage run") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const int64_t n_ctx = 300, n_q = 20;
+  // Salt 5: a case where the first answer token from 16 entries differs from the full cache's
+  // (found by trying salts 3..29: 14 of 27 differ).
+  std::vector<int64_t> prompt = prompt_ids(n_ctx, 5);
+  const auto question = prompt_ids(n_q + 1, 6);
+  prompt.insert(prompt.end(), question.begin() + 1, question.end());
+  TaskRecord rec;
+  rec.id = "r0";
+  rec.prompt = prompt;
+  rec.context_len = n_ctx;
+  rec.max_new_tokens = 6;
+  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  const MethodSpec exact = one("exact"), snap = one("snapkv", "paper");
+  const Budget budget = Budget::of_entries(16);
+  std::vector<TaskBranch> branches = {{"exact", exact, Budget::of_ratio(1.0)}, {"snapkv", snap, budget}};
+  auto run = [&](TaskProtocol::Question q, const std::string& name) {
+    TaskOptions to;
+    to.pred_dir = test::temp_dir(name) + "/pred";
+    to.kept_dir = to.pred_dir + "/../kept";
+    to.obs_queries = 64;
+    to.protocol.question = q;
+    run_task(model, tok, task, {rec}, branches, to);
+    json lines = json::array();
+    for (const auto& l : read_json_lines(to.pred_dir + "/snapkv/synthetic.jsonl")) lines.push_back(l);
+    json kept = read_json_file(to.kept_dir + "/synthetic/r0.json");
+    return std::make_pair(lines.at(0), kept);
+  };
+  const auto [ctx_line, ctx_kept] = run(TaskProtocol::Question::context, "proto_context");
+  const auto [whole_line, whole_kept] = run(TaskProtocol::Question::whole, "proto_whole");
+
+  // The compressed entries hold no question position: under `context` every entry at or after
+  // n_ctx is an exact, appended one (the question and the decoded tokens), the compressed
+  // positions are all context positions and fill the budget (16 per head). Under `whole` the
+  // method's own window kept question positions among its 16.
+  const json& cb = ctx_kept["branches"][1];
+  REQUIRE(cb["branch"] == "snapkv");
+  for (const auto& layer : cb["layers"])
+    for (const auto& head : layer["kv_heads"]) {
+      const auto m = kept_map(head);
+      int64_t in_ctx = 0, after = 0;
+      for (const auto& [p, w] : m) (p < n_ctx ? in_ctx : after) += 1;
+      CHECK(in_ctx == 16);
+      CHECK(after == n_q + 5);  // the question, then 5 decoded tokens fed back
+    }
+  const json& wb = whole_kept["branches"][1];
+  int64_t question_kept = 0;
+  for (const auto& head : wb["layers"][0]["kv_heads"])
+    for (const auto& [p, w] : kept_map(head)) question_kept += p >= n_ctx && p < n_ctx + n_q;
+  CHECK(question_kept > 0);
+
+  // The hand-made two-stage run: exact prefill of the context, every layer compressed (16 entries),
+  // the question fed through the compressed cache, then greedy decoding.
+  Prefill pre = run_prefill(model, std::vector<int64_t>(prompt.begin(), prompt.begin() + n_ctx), 64);
+  std::vector<CompressedLayer> layers;
+  CompressOptions co;
+  co.budget = budget;
+  const int n_layers = static_cast<int>(model.config.n_layers);
+  for (int l = 0; l < n_layers; ++l)
+    layers.push_back(compress_layer(*snap.compressor, co, pre.k[l], pre.v[l], pre.q_obs[l], 0, 0, l, n_layers));
+  CompressedAttention attn(std::move(layers));
+  at::Tensor logits = forward(model, at::tensor(std::vector<int64_t>(prompt.begin() + n_ctx, prompt.end()), at::kLong),
+                              n_ctx, attn);
+  logits = logits.select(0, logits.size(0) - 1);
+  std::vector<int64_t> ids;
+  int64_t pos = int64_t(prompt.size());
+  for (int step = 0; step < 6; ++step) {
+    if (step > 0) logits = forward(model, at::tensor(std::vector<int64_t>{ids.back()}, at::kLong), pos++, attn).select(0, 0);
+    ids.push_back(logits.argmax().item<int64_t>());
+    if (ids.back() == model.config.eos_token_ids.front()) break;
+  }
+  CHECK(ctx_line["output"] == tok.decode(ids, true));
+  // Built to show the difference: under `whole` the first answer token comes from the exact prefill
+  // (the full cache's), under `context` from 16 entries of a 300-token context.
+  Prefill full = run_prefill(model, prompt, 0);
+  const int64_t exact_first = full.last_logits.argmax().item<int64_t>();
+  CHECK(ids.front() != exact_first);
+  CHECK(whole_line["output"].get<std::string>().rfind(tok.decode({exact_first}, true), 0) == 0);
+  CHECK(ctx_line["entries_peak"].get<double>() >= 16.0 + n_q);
+}
+
+TEST_CASE("prompt split: the context is the common prefix of the whole prompt's ids and the context's") {
+  if (!have_stories()) return;
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const std::string text = "Once upon a time there was a cat.\n\nWhat was there?";
+  const size_t q = last_paragraph(text);
+  REQUIRE(q == text.find("\n\n"));
+  SplitPrompt sp = encode_split(tok, text, q);
+  CHECK(sp.ids == tok.encode(text, true));
+  const auto ctx = tok.encode(text.substr(0, q), true);
+  REQUIRE(sp.context_len > 0);
+  CHECK(sp.context_len <= int64_t(ctx.size()));
+  CHECK(std::equal(ctx.begin(), ctx.begin() + sp.context_len, sp.ids.begin()));
+  CHECK(encode_split(tok, text, std::string::npos).context_len == -1);
+  CHECK(offset_in("<s>[INST] " + text + " [/INST]", text, q) == 10 + q);
+}
