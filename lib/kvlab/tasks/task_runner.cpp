@@ -245,6 +245,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                              {"generated_tokens", br.ids.size()}};
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
+      line["context_len"] = r.context_len;  // prompt[0, context_len) is the context (--protocol context)
       line["keep_first"] = spec.keep_first;
       line["keep_last"] = spec.keep_last;
       line["entries_start"] = br.entries_start;
