@@ -87,13 +87,20 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   at::Tensor logits = prefill.last_logits;  // [vocab]
   int64_t pos = static_cast<int64_t>(prefill.prompt.size());
   if (!opt.suffix.empty()) {
-    // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab].
-    ForwardOptions fo;
-    fo.tap = opt.tap;
-    at::Tensor all = forward(model, at::tensor(opt.suffix, at::kLong), pos, attn, fo);
-    logits = all.select(0, all.size(0) - 1);  // [vocab]
-    pos += static_cast<int64_t>(opt.suffix.size());
-    sample();
+    // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab]
+    // in one forward; a cache that compresses while decoding takes it token by token, as it takes
+    // every token that arrives (its streams push one token a step).
+    const bool streams = attn.n_layers() > 0 && attn.layer(0).stream != nullptr;
+    const int64_t step = streams ? 1 : static_cast<int64_t>(opt.suffix.size());
+    for (int64_t i = 0; i < static_cast<int64_t>(opt.suffix.size()); i += step) {
+      ForwardOptions fo;
+      fo.tap = opt.tap;
+      std::vector<int64_t> part(opt.suffix.begin() + i, opt.suffix.begin() + i + step);
+      at::Tensor all = forward(model, at::tensor(part, at::kLong), pos, attn, fo);
+      logits = all.select(0, all.size(0) - 1);  // [vocab]
+      pos += step;
+      sample();
+    }
   }
   const auto& eos = model.config.eos_token_ids;
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
