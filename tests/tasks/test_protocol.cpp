@@ -346,3 +346,32 @@ TEST_CASE("prompt split: the context is the common prefix of the whole prompt's 
   CHECK(encode_split(tok, text, std::string::npos).context_len == -1);
   CHECK(offset_in("<s>[INST] " + text + " [/INST]", text, q) == 10 + q);
 }
+
+TEST_CASE("--protocol context with --decode-rule stream: a streaming cache takes the question token by token") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  TaskRecord rec;
+  rec.id = "r0";
+  rec.prompt = prompt_ids(200, 7);
+  rec.context_len = 180;  // a 20-token question
+  rec.max_new_tokens = 4;
+  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
+                                      {"cam", one("cam", "paper"), Budget::of_entries(16)},
+                                      {"h2o", one("h2o", "paper"), Budget::of_entries(16)}};
+  TaskOptions to;
+  to.pred_dir = test::temp_dir("proto_stream") + "/pred";
+  to.obs_queries = 32;
+  to.protocol.question = TaskProtocol::Question::context;
+  to.protocol.decode = TaskProtocol::Decode::stream;
+  const json rows = run_task(model, tok, task, {rec}, branches, to);
+  for (size_t i = 1; i < rows.size(); ++i) {
+    INFO("branch=", rows[i]["branch"]);
+    // The budget of 16 holds through the question and the decoded tokens (one more while a step's
+    // token has arrived and not yet been evicted).
+    CHECK(rows[i]["entries_peak"].get<double>() <= 17.0);
+    CHECK(rows[i]["entries_peak"].get<double>() >= 16.0);
+  }
+}
