@@ -597,3 +597,23 @@ TEST_CASE("baselines: timing per (layer, head)" * doctest::skip()) {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("accumulated_attention: chunks that leave out the keys after their last query equal one whole pass") {
+  // Queries at every position of the region and beyond it (a tail), GQA 2:1, sinks before it.
+  at::manual_seed(5);
+  const int64_t n = 300, pre = 7, tail = 13, d = 8;
+  LayerKV kv;
+  kv.keys = at::randn({2, n, d}, at::kDouble);
+  kv.values = at::randn({2, n, d}, at::kDouble);
+  kv.prefix_keys = at::randn({2, pre, d}, at::kDouble);
+  kv.suffix_keys = at::randn({2, tail, d}, at::kDouble);
+  kv.pos0 = pre;
+  kv.queries = at::randn({4, pre + n + tail, d}, at::kDouble);
+  kv.query_pos = at::arange(0, pre + n + tail, at::kLong);
+  for (const std::string reduce : {"mean", "max", "sum"}) {
+    INFO("reduce=", reduce);
+    const auto whole = group_attention_probs(kv, reduce).sum(1, false, at::kDouble);  // [2, n]
+    for (int64_t chunk : {1, 64, 100, 1000})
+      CHECK(at::allclose(kvlab::detail::accumulated_attention(kv, reduce, chunk), whole, 1e-12, 1e-12));
+  }
+}

@@ -49,17 +49,30 @@ inline void require_queries(const LayerKV& kv, const std::string& method) {
 // KV group's query heads by `reduce`, summed over the queries in double:
 // -> [n_kv_heads, n] float64 on the keys' device. Queries go in chunks of `chunk`, so a capture
 // with queries at every position (n_obs = n) needs O(chunk·n) memory, not O(n²).
+// Causal: the keys after a chunk's last query are masked for all of it, so they are left out of its
+// softmax (the same probabilities, about half the work when the queries cover the whole prompt, as
+// h2o_queries=all does in generation).
 inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce,
                                         int64_t chunk = 256) {
-  const int64_t n_obs = kv.queries.size(1);
-  at::Tensor total;                                                      // [Hkv, n] f64
+  const int64_t n_obs = kv.queries.size(1), n = kv.n_tokens();
+  at::Tensor total = at::zeros({kv.n_kv_heads(), n}, kv.keys.options().dtype(at::kDouble));  // [Hkv, n]
   for (int64_t j0 = 0; j0 < n_obs; j0 += chunk) {
     const int64_t len = std::min(chunk, n_obs - j0);
     LayerKV part = kv;
     part.queries = kv.queries.narrow(1, j0, len);                        // [Hq, len, d]
-    if (kv.query_pos.defined()) part.query_pos = kv.query_pos.narrow(0, j0, len);  // [len]
-    auto s = group_attention_probs(part, reduce).sum(1, false, at::kDouble);  // [Hkv, n]
-    total = total.defined() ? total + s : s;
+    int64_t seen = n;                                                    // region keys any query sees
+    if (kv.query_pos.defined()) {
+      part.query_pos = kv.query_pos.narrow(0, j0, len);                  // [len]
+      const int64_t last = part.query_pos.max().item<int64_t>();
+      seen = std::clamp<int64_t>(last - kv.pos0 + 1, 0, n);
+      if (seen < n) {
+        part.keys = kv.keys.narrow(1, 0, seen);                          // [Hkv, seen, d]
+        part.values = kv.values.narrow(1, 0, seen);
+        part.suffix_keys = at::Tensor();                                 // after every query
+      }
+    }
+    if (seen == 0) continue;
+    total.narrow(1, 0, seen).add_(group_attention_probs(part, reduce).sum(1, false, at::kDouble));  // [Hkv, seen]
   }
   return total;
 }
