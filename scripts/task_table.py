@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Markdown tables of a task run (longbench, longeval, niah, summarize) with standard errors.
+
+  scripts/task_table.py RUN_DIR [--metric score|rougeL_vs_exact|rouge1|...] [--dataset NAME] [--by METRIC]
+
+Reads RUN_DIR/result.json (the protocol, the rows) and RUN_DIR/pred/<branch>/<dataset>.jsonl (one
+line per record). For each branch: the mean of each metric over the records with its standard error
+(sample sd / sqrt(n)), mean and peak live KV entries per (layer, KV head), and the "mem *" mark.
+Then the branches sorted by --by (default rougeL_vs_exact), with the paired difference of --by
+between each branch and the next (mean +- SE over the same records, and how many SEs it is).
+Used to write the results READMEs from committed runs.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+
+def mean_se(xs):
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    var = sum((x - m) ** 2 for x in xs) / (n - 1)
+    return m, math.sqrt(var / n)
+
+
+def load_lines(path):
+    with open(path) as f:
+        return {json.loads(l)["id"]: json.loads(l) for l in f if l.strip()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run")
+    ap.add_argument("--metric", default="score,rougeL_vs_exact", help="comma-separated per-record metrics")
+    ap.add_argument("--dataset", default=None, help="one dataset (default: every dataset of the run)")
+    ap.add_argument("--by", default="rougeL_vs_exact", help="the metric the branches are sorted and paired by")
+    ap.add_argument("--scale", default="score:100,rouge1:100,rouge2:100,rougeL:100",
+                    help="metric:factor pairs applied to the means (score x 100 as the tables print it)")
+    args = ap.parse_args()
+    result = json.load(open(os.path.join(args.run, "result.json")))
+    ctx = result.get("context", {})
+    proto = ctx.get("protocol", {})
+    scale = dict((kv.split(":")[0], float(kv.split(":")[1])) for kv in args.scale.split(",") if kv)
+    metrics = args.metric.split(",")
+    rows = result["rows"]
+    datasets = [args.dataset] if args.dataset else sorted({r["dataset"] for r in rows})
+    print(f"run `{args.run}`: preset {ctx.get('preset', '?')}, protocol {proto.get('protocol', '?')}, "
+          f"decode rule {proto.get('decode_rule', '?')}; sha {str(ctx.get('git_sha', ctx.get('git', '?')))[:7]}\n")
+    for ds in datasets:
+        branch_rows = [r for r in rows if r["dataset"] == ds]
+        per = {}
+        for r in branch_rows:
+            path = os.path.join(args.run, "pred", r["branch"], ds + ".jsonl")
+            per[r["branch"]] = (r, load_lines(path))
+        ids = sorted(set.intersection(*[set(l.keys()) for _, l in per.values()]))
+        print(f"dataset {ds}: {len(ids)} records\n")
+        head = ["branch"] + [f"{m} (± SE)" for m in metrics] + ["entries mean", "entries peak", "mem"]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for b, (r, lines) in per.items():
+            cells = [b]
+            for m in metrics:
+                xs = [float(lines[i][m]) * scale.get(m, 1.0) for i in ids]
+                mu, se = mean_se(xs)
+                cells.append(f"{mu:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mu:.3f}")
+            cells.append(f"{r.get('entries_mean', float('nan')):.1f}")
+            cells.append(f"{r.get('entries_peak', float('nan')):.1f}")
+            cells.append(r.get("mem", ""))
+            print("| " + " | ".join(cells) + " |")
+        print(f"\npaired differences of {args.by} (x{scale.get(args.by, 1.0):g}) within each setting, each branch "
+              f"minus the next:\n")
+        print("| branch | next | difference ± SE | SEs |")
+        print("|---|---|---|---|")
+        settings = sorted({per[b][0].get("setting", "") for b in per if b != "exact"})
+        pairs = []
+        for st in settings:
+            order = sorted((b for b in per if b != "exact" and per[b][0].get("setting", "") == st),
+                           key=lambda b: -sum(float(per[b][1][i][args.by]) for i in ids))
+            pairs += list(zip(order, order[1:]))
+        for a, b in pairs:
+            d = [(float(per[a][1][i][args.by]) - float(per[b][1][i][args.by])) * scale.get(args.by, 1.0) for i in ids]
+            mu, se = mean_se(d)
+            z = mu / se if se and not math.isnan(se) and se > 0 else float("inf") if mu else 0.0
+            print(f"| {a} | {b} | {mu:+.3f} ± {se:.3f} | {z:.1f} |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
