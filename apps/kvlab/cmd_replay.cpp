@@ -59,6 +59,7 @@ struct ReplayOptions {
   bool list_methods = false;
   bool quiet = false;
   std::string rows_out = "inline";
+  bool kept_out = false;
 
   void fields(FieldList& f) {
     f.add("capture", capture, "capture file (.h5) from 'kvlab dump' or 'kvlab synth'");
@@ -90,6 +91,8 @@ struct ReplayOptions {
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
     f.add("skip_nonfinite", skip_nonfinite, "skip (sample, layer) units whose q/k/v hold NaN/Inf and list them in "
                                             "result.json (default: such a unit is an error)");
+    f.add("kept_out", kept_out, "write what every (sample, layer, method, setting, seed) kept to <run>/kept.jsonl: "
+                                "per KV head the positions held and each entry's weight (-1 = a merged entry)");
     f.add("rows_out", rows_out, "per-head rows: inline in result.json, or jsonl = rows.jsonl beside a result.json "
                                 "holding context + aggregate + \"rows_file\" (for big runs)")
         .one_of({"inline", "jsonl"});
@@ -188,6 +191,14 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
                  o.out, n_done, mine.size(), rows.size());
     }
   }
+  if (o.kept_out) {
+    // Lines of units measured before an interruption stay; a unit cut off before its rows were
+    // saved runs again, so its lines go (and a fresh run starts an empty file).
+    std::string keep;
+    for (const auto& j : read_json_lines(run.file("kept.jsonl")))
+      if (done.count({j.at("sample").get<int64_t>(), j.at("layer").get<int>()})) keep += j.dump() + "\n";
+    write_text_atomic(run.file("kept.jsonl"), keep);
+  }
   auto context = context_block(o.device, seeds.front(), effective);
   context["capture"] = {{"file", o.capture}, {"model_id", meta.model_id}, {"source_dataset", meta.source_dataset},
                         {"git_sha", meta.git_sha}};
@@ -232,15 +243,26 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
       continue;
     }
     auto unit = load_unit(cap, s, l, proto, qkv);
+    std::string kept_lines;
     for (const auto& m : methods)
       for (const auto& b : settings)
         for (uint64_t seed : seeds) {
-          for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto)) {
+          nlohmann::json kept;
+          for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto, o.kept_out ? &kept : nullptr)) {
             r["setting"] = b.label();
             rows.push_back(std::move(r));
           }
+          if (o.kept_out)
+            kept_lines += nlohmann::json{{"sample", s}, {"sample_id", cap.sample(s).sample_id}, {"layer", l},
+                                         {"method", m.name}, {"params", m.compressor->params()},
+                                         {"setting", b.label()}, {"seed", seed}, {"kv_heads", kept}}.dump() + "\n";
           progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.name));
         }
+    if (o.kept_out) {
+      std::ofstream kf(run.file("kept.jsonl"), std::ios::app);  // a unit's lines once it is done
+      kf << kept_lines;
+      KVLAB_CHECK(kf.good(), "{}: write failed", run.file("kept.jsonl"));
+    }
     // Keep what is done on disk: a crash or Ctrl-C later loses nothing already measured.
     write({{"complete", false}});
   }

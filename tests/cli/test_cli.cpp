@@ -4,6 +4,7 @@
 
 #include <H5Cpp.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -568,4 +569,30 @@ TEST_CASE("cli: generate --logits-out and calibrate --out never replace a file w
                      mine);
   REQUIRE_MESSAGE(r.code == 0, r.out);
   CHECK(read_json_file(mine)["logits"].size() == 2);
+}
+
+TEST_CASE("cli: replay --kept-out writes what each unit kept, matching its rows") {
+  const std::string dir = test::temp_dir("kvlab_cli_kept");
+  const std::string cap = small_capture(dir);
+  auto r = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method snapkv,chelsea --ratio 0.5 " +
+                     "--keep-first 4 --kept-out --out " + dir + "/rep");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const auto rows = read_json_file(dir + "/rep/result.json")["rows"];
+  const auto lines = read_json_lines(dir + "/rep/kept.jsonl");
+  CHECK(lines.size() == 2 * 2 * 2);  // samples x layers x methods
+  for (const auto& l : lines) {
+    INFO(l["method"], " sample ", l["sample"], " layer ", l["layer"]);
+    REQUIRE(l["kv_heads"].size() == 2);
+    for (size_t h = 0; h < 2; ++h) {
+      const auto pos = l["kv_heads"][h]["positions"].get<std::vector<int64_t>>();
+      for (int64_t p = 0; p < 4; ++p) CHECK(pos.at(p) == p);         // --keep-first, exact
+      for (int64_t p = 184; p < 200; ++p) CHECK(std::count(pos.begin(), pos.end(), p) == 1);  // the evaluation tail
+      // Its row's kept entries: the region's live entries.
+      for (const auto& row : rows)
+        if (row["method"] == l["method"] && row["sample"] == l["sample"] && row["layer"] == l["layer"] &&
+            row["head"].get<size_t>() == h)
+          CHECK(double(pos.size()) == row["kept_entries"].get<double>() + 4 + 16);
+      if (l["method"] == "chelsea") CHECK(std::count(pos.begin(), pos.end(), -1) > 0);  // merged entries
+    }
+  }
 }

@@ -1,6 +1,7 @@
 #include "kvlab/replay/replay.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <tuple>
 #include <limits>
@@ -168,9 +169,34 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   return out;
 }
 
+nlohmann::json replay_kept(const ReplayOutput& out, int64_t n) {
+  const auto& cr = out.region;
+  const int64_t h_kv = cr.keys.size(0), m = cr.keys.size(1);
+  auto bias = cr.bias.defined() ? cr.bias.to(at::kCPU, at::kDouble).contiguous() : at::zeros({h_kv, m}, at::kDouble);
+  auto idx = cr.kept_idx.defined() ? cr.kept_idx.to(at::kCPU, at::kLong).contiguous()
+                                   : at::full({h_kv, m}, -1, at::kLong);
+  nlohmann::json heads = nlohmann::json::array();
+  for (int64_t h = 0; h < h_kv; ++h) {
+    std::vector<int64_t> pos;
+    std::vector<double> w;
+    for (int64_t p = 0; p < out.region_begin; ++p) pos.push_back(p), w.push_back(1.0);
+    for (int64_t j = 0; j < m; ++j) {
+      const double b = bias[h][j].item<double>();
+      if (!std::isfinite(b)) continue;  // padding
+      const int64_t i = idx[h][j].item<int64_t>();
+      pos.push_back(i >= 0 ? out.region_begin + i : -1);
+      w.push_back(std::exp(b));
+    }
+    for (int64_t p = out.region_end; p < n; ++p) pos.push_back(p), w.push_back(1.0);
+    heads.push_back({{"positions", pos}, {"weights", w}});
+  }
+  return heads;
+}
+
 nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
-                           const Budget& b, uint64_t seed, const ReplayProtocol& p) {
+                           const Budget& b, uint64_t seed, const ReplayProtocol& p, nlohmann::json* kept) {
   auto out = replay_attend(u, *m.compressor, b, seed, p);
+  if (kept) *kept = replay_kept(out, u.k.size(1));
   const int64_t n = u.k.size(1), h_kv = u.k.size(0), g = u.q.size(0) / h_kv;
   const int64_t n_obs = u.q_obs.defined() ? u.q_obs.size(1) : 0;
   const int64_t region = out.region_end - out.region_begin;

@@ -85,8 +85,9 @@ ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Ten
 // (evaluation queries), n_obs, eval_queries and obs_queries ([begin, end) positions),
 // region_tokens, kept_entries, kept_fraction, rel_err, bound_ratio_F,
 // bound_ratio_op, cosine, rel_err_clamped, mass_recall (selection methods), compress_ms.
+// `kept` (optional): what the layer's cache held, per KV head (--kept-out; replay_kept).
 nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
-                           const Budget& b, uint64_t seed, const ReplayProtocol& p);
+                           const Budget& b, uint64_t seed, const ReplayProtocol& p, nlohmann::json* kept = nullptr);
 
 // The approximate output for the unit (exposed for tests): z [Hq, n_eval, d] and the compressed region.
 struct ReplayOutput {
@@ -97,6 +98,11 @@ struct ReplayOutput {
 };
 ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budget& b, uint64_t seed,
                            const ReplayProtocol& p);
+
+// What a layer of n tokens held after compression, per KV head: [{"positions": [...], "weights":
+// [...]}], the exact sinks and tail (weight 1) around the region's live entries (a merged entry's
+// position is -1, its weight e^bias: the tokens it stands for); the --kept-out format of generate.
+nlohmann::json replay_kept(const ReplayOutput& out, int64_t n);
 
 // Metric columns of a replay row, for aggregation and tables.
 const std::vector<std::string>& replay_metric_names();
