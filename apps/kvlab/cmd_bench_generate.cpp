@@ -21,6 +21,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/core/blas.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/memory.h"
 #include "kvlab/core/provenance.h"
@@ -95,8 +96,8 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
 
   for (int64_t c : o.context) {
     KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
-    KVLAB_CHECK(limit <= 0 || c + o.new_tokens <= limit, "--context {} + --new-tokens {} exceed {}'s context of {} "
-                "positions", c, o.new_tokens, model.id, limit);
+    KVLAB_CHECK(fits_context(c, o.new_tokens, limit), "--context {} + --new-tokens {} exceed {}'s context of {} "
+                "positions", c, o.new_tokens, model.id, limit > 0 ? limit : kMaxTokens);
     KVLAB_CHECK(c <= int64_t(ids.size()), "--context {}: --text {} has only {} tokens", c, o.text, ids.size());
   }
   // Once the flags are known to be good, so that a bad one still gives a single error line.

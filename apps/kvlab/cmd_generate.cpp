@@ -20,6 +20,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/report.h"
 #include "kvlab/core/text.h"
@@ -195,7 +196,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     }
   }
   const int64_t context = model.config.max_position_embeddings;
-  KVLAB_CHECK(context <= 0 || int64_t(prompt_ids.size()) + o.max_new_tokens <= context,
+  KVLAB_CHECK(fits_context(int64_t(prompt_ids.size()), o.max_new_tokens, context),
               "the prompt ({} tokens) plus --max-new-tokens {} exceed {}'s context of {} positions; shorten the "
               "prompt or lower --max-new-tokens", prompt_ids.size(), o.max_new_tokens, model.id, context);
   fmt::print(stderr, "[generate] {} ({} layers, {:.1f} M parameters, {} on {}) loaded in {:.2f} s; "

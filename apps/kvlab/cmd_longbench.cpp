@@ -17,6 +17,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
@@ -104,7 +105,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
         r = longbench_task_record(rec, tm->src, tm->tok, c.chat_template, cut, max_new[di]);
         r.gold["max_length"] = cut;
       }
-      KVLAB_CHECK(tm->context <= 0 || int64_t(r.prompt.size()) + r.max_new_tokens <= tm->context,
+      KVLAB_CHECK(fits_context(int64_t(r.prompt.size()), r.max_new_tokens, tm->context),
                   "--max-length {}: {} line {} has {} prompt tokens after the chat template; with {} new tokens "
                   "that exceeds {}'s context of {} (lower --max-length)",
                   max_length, data[di].path, rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);

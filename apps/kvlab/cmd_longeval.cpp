@@ -14,6 +14,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
@@ -70,7 +71,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
       SplitPrompt sp = encode_split(tm->tok, text, offset_in(text, lc.prompt, last_paragraph(lc.prompt)));
       r.prompt = std::move(sp.ids);
       r.context_len = sp.context_len;
-      KVLAB_CHECK(tm->context <= 0 || int64_t(r.prompt.size()) + o.max_new_tokens <= tm->context,
+      KVLAB_CHECK(fits_context(int64_t(r.prompt.size()), o.max_new_tokens, tm->context),
                   "{}: case {} has {} prompt tokens; with --max-new-tokens {} that exceeds {}'s context of {}",
                   files[fi].second, lc.id, r.prompt.size(), o.max_new_tokens, tm->model.id, tm->context);
       r.max_new_tokens = o.max_new_tokens;

@@ -14,6 +14,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/model/model_tokenizer.h"
@@ -66,12 +67,18 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
   KVLAB_CHECK(!o.lengths.empty() && !o.depths.empty(), "give --lengths and --depths (one value at least)");
   KVLAB_CHECK(!o.spec.key_phrase.empty(), "--key-phrase must not be empty");
+  for (size_t i = 0; i < o.lengths.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      KVLAB_CHECK(o.lengths[i] != o.lengths[j], "--lengths: {} is listed twice (each cell is one record)", o.lengths[i]);
+  for (size_t i = 0; i < o.depths.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      KVLAB_CHECK(o.depths[i] != o.depths[j], "--depths: {:g} is listed twice (each cell is one record)", o.depths[i]);
   const auto branches = task_branches(o.common);
   const std::string haystack = read_haystack(o.haystack_dir);
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
   for (int64_t L : o.lengths)
-    KVLAB_CHECK(tm->context <= 0 || L + o.max_new_tokens <= tm->context,
+    KVLAB_CHECK(fits_context(L, o.max_new_tokens, tm->context),
                 "--lengths: {} tokens with --max-new-tokens {} exceed {}'s context of {}", L, o.max_new_tokens,
                 tm->model.id, tm->context);
 
@@ -89,6 +96,10 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       SplitPrompt sp = encode_split(tm->tok, text, offset_in(text, nc.context, nc.context.size()));
       r.prompt = std::move(sp.ids);
       r.context_len = sp.context_len;
+      KVLAB_CHECK(fits_context(int64_t(r.prompt.size()), o.max_new_tokens, tm->context),
+                  "--lengths {}: with the question and the chat template the prompt has {} tokens; with "
+                  "--max-new-tokens {} that exceeds {}'s context of {} (lower --lengths or shorten --question)", L,
+                  r.prompt.size(), o.max_new_tokens, tm->model.id, tm->context > 0 ? tm->context : kMaxTokens);
       r.max_new_tokens = o.max_new_tokens;
       r.gold = {{"needle", o.spec.needle}, {"key_phrase", o.spec.key_phrase}, {"length", L}, {"depth", d},
                 {"needle_token", nc.needle_token}, {"context_tokens", nc.context_tokens}};

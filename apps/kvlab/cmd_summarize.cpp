@@ -12,6 +12,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
@@ -52,7 +53,7 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   std::vector<TaskRecord> records;
   for (const auto& rec : ds.records) {
     TaskRecord r = summarize_task_record(rec, tm->src, tm->tok, c.chat_template, o.max_new_tokens);
-    KVLAB_CHECK(tm->context <= 0 || int64_t(r.prompt.size()) + r.max_new_tokens <= tm->context,
+    KVLAB_CHECK(fits_context(int64_t(r.prompt.size()), r.max_new_tokens, tm->context),
                 "--data {}: line {} has {} prompt tokens; with {} new tokens that exceeds {}'s context of {}", o.data,
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
     records.push_back(std::move(r));

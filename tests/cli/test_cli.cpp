@@ -596,3 +596,22 @@ TEST_CASE("cli: replay --kept-out writes what each unit kept, matching its rows"
     }
   }
 }
+
+TEST_CASE("cli: token counts that overflow int64 or pass the context are one-line errors (issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!std::filesystem::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_bounds");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --method h2o --ratio 0.5 --quiet --out " + dir + "/n";
+  // Before: the haystack grew until the OOM killer (22.7 GB resident).
+  check_one_error(run_kvlab(niah + " --lengths 9223372036854775807 --depths 50"), "--lengths");
+  // Before: decoding ran past the model's 512 positions until killed.
+  check_one_error(run_kvlab(niah + " --lengths 300 --depths 50 --max-new-tokens 9223372036854775807"), "context of 512");
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-ids 1,2,3 --max-new-tokens 9223372036854775807"),
+                  "--max-new-tokens");
+  // The question and the template count: a long question no longer runs an 804-token prompt.
+  check_one_error(run_kvlab(niah + " --lengths 400 --depths 50 --question '" + std::string(2000, 'a') + "'"),
+                  "with the question and the chat template");
+  // Duplicate cells wrote one prediction and counted two.
+  check_one_error(run_kvlab(niah + " --lengths 300 --depths 50,50"), "--depths: 50 is listed twice");
+}
