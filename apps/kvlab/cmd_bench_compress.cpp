@@ -73,6 +73,7 @@ struct CompressBenchOptions {
   bool json = false;
   std::string out;
   bool quiet = false;
+  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("capture", capture, "capture file (.h5); empty = a synthetic clustered capture in memory "
                               "(head_dim 64, 9 query / 3 KV heads)");
@@ -93,6 +94,7 @@ struct CompressBenchOptions {
     f.add("json", json, "print JSON instead of the text table");
     f.add("out", out, "also write the JSON to this file");
     f.add("quiet", quiet, "no progress on stderr");
+    f.add("overwrite", overwrite, "replace an existing --out file");
   }
 };
 
@@ -162,6 +164,8 @@ std::string fmt_exp(double e) { return std::isnan(e) ? "-" : fmt::format("{:.2f}
 nlohmann::json num_or_null(double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); }
 
 void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& effective) {
+  // Never over its own capture, a non-regular file, or an existing file without --overwrite.
+  if (!o.out.empty()) check_output_file(o.out, "--out", {o.capture}, o.overwrite);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   const Budget by_ratio = Budget::of_ratio(o.ratio), by_halvings = Budget::of_halvings(o.T);
   KVLAB_CHECK(o.queries >= 1, "--queries must be >= 1, got {}", o.queries);

@@ -271,7 +271,8 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   auto listed = run_kvlab("replay --list-methods");
   std::istringstream lines(listed.out);
   size_t n_listed = 0;
-  for (std::string line; std::getline(lines, line);) n_listed += !line.empty();
+  // One line a method, then its paper preset's line (indented).
+  for (std::string line; std::getline(lines, line);) n_listed += !line.empty() && line[0] != ' ';
   CHECK(methods.size() == n_listed);
   CHECK(n_listed >= 17);
 }
@@ -614,4 +615,24 @@ TEST_CASE("cli: token counts that overflow int64 or pass the context are one-lin
                   "with the question and the chat template");
   // Duplicate cells wrote one prediction and counted two.
   check_one_error(run_kvlab(niah + " --lengths 300 --depths 50,50"), "--depths: 50 is listed twice");
+}
+
+TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)") {
+  const std::string dir = test::temp_dir("kvlab_cli_owned");
+  const std::string cap = small_capture(dir);
+  // bench compress --out its own capture: the capture became the JSON report (rc 0).
+  check_one_error(run_kvlab("bench compress --capture " + cap + " --method uniform --sizes 64 --out " + cap),
+                  "an input of this command");
+  CHECK(std::filesystem::file_size(cap) > 1000);
+  // A folder holding a user's own files and no config.json.
+  std::filesystem::create_directories(dir + "/mine");
+  { std::ofstream(dir + "/mine/result.json") << "{\"mine\": true}\n"; }
+  check_one_error(run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method uniform --ratio 0.5 --out " +
+                            dir + "/mine"),
+                  "holds files kvlab did not make");
+  CHECK(test::read_file(dir + "/mine/result.json") == "{\"mine\": true}\n");
+  // A file where a folder should be.
+  check_one_error(run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method uniform --ratio 0.5 --out " +
+                            cap),
+                  "not a folder");
 }

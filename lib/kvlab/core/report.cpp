@@ -112,6 +112,14 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
     path_ = fmt::format("{}/{}/{}_{}{}", base, experiment, utc_stamp(), sha, git_dirty() ? "-dirty" : "");
   }
   std::error_code ec;
+  if (exact && fs::exists(path_, ec)) {
+    // A folder kvlab did not make (no config.json) is the user's: never written into unasked.
+    KVLAB_CHECK(fs::is_directory(path_, ec), "--out {}: exists and is not a folder; refusing to write there", path_);
+    const bool ours = fs::exists(path_ + "/config.json", ec);
+    const bool empty = fs::directory_iterator(path_, ec) == fs::directory_iterator();
+    KVLAB_CHECK(ours || empty || overwrite, "--out {}: holds files kvlab did not make (no config.json); choose a new "
+                "or empty folder, or pass --overwrite to write into it", path_);
+  }
   if (exact && fs::exists(path_ + "/config.json") && !overwrite) {
     // A folder of earlier results is never replaced by a run of another config.
     auto same = [](nlohmann::json a, nlohmann::json b) {
