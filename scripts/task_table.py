@@ -5,7 +5,9 @@
 
 Reads RUN_DIR/result.json (the protocol, the rows) and RUN_DIR/pred/<branch>/<dataset>.jsonl (one
 line per record). For each branch: the mean of each metric over the records with its standard error
-(sample sd / sqrt(n)), mean and peak live KV entries per (layer, KV head), and the "mem *" mark.
+(sample sd / sqrt(n)), live KV entries per (layer, KV head) right after compression, mean and
+peak (these count each branch's own generated tokens), and "mem *" where the entries after
+compression are more than 1% from the setting's median.
 Then the branches sorted by --by (default rougeL_vs_exact), with the paired difference of --by
 between each branch and the next (mean +- SE over the same records, and how many SEs it is).
 Used to write the results READMEs from committed runs.
@@ -59,7 +61,22 @@ def main():
             per[r["branch"]] = (r, load_lines(path))
         ids = sorted(set.intersection(*[set(l.keys()) for _, l in per.values()]))
         print(f"dataset {ds}: {len(ids)} records\n")
-        head = ["branch"] + [f"{m} (± SE)" for m in metrics] + ["entries mean", "entries peak", "mem"]
+        # mem *: entries right after compression (the budget) more than 1% from the setting's median,
+        # computed from the lines (runs before the mark used entries_start marked on the peak).
+        start = {b: sum(float(l[i].get("entries_start", float("nan"))) for i in ids) / max(len(ids), 1)
+                 for b, (_, l) in per.items()}
+        med = {}
+        for b, (r, _) in per.items():
+            if b != "exact":
+                med.setdefault(r.get("setting", ""), []).append(start[b])
+        def mark(b):
+            if b == "exact":
+                return ""
+            v = sorted(med[per[b][0].get("setting", "")])
+            m = v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+            return "*" if abs(start[b] - m) > 0.01 * m else ""
+        head = ["branch"] + [f"{m} (± SE)" for m in metrics] + ["entries after compression", "entries mean",
+                                                                "entries peak", "mem"]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for b, (r, lines) in per.items():
@@ -68,9 +85,10 @@ def main():
                 xs = [float(lines[i][m]) * scale.get(m, 1.0) for i in ids]
                 mu, se = mean_se(xs)
                 cells.append(f"{mu:.3f} ± {se:.3f}" if not math.isnan(se) else f"{mu:.3f}")
+            cells.append(f"{start[b]:.1f}")
             cells.append(f"{r.get('entries_mean', float('nan')):.1f}")
             cells.append(f"{r.get('entries_peak', float('nan')):.1f}")
-            cells.append(r.get("mem", ""))
+            cells.append(mark(b))
             print("| " + " | ".join(cells) + " |")
         print(f"\npaired differences of {args.by} (x{scale.get(args.by, 1.0):g}) within each setting, each branch "
               f"minus the next:\n")

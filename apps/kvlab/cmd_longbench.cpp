@@ -122,7 +122,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
             << render_table(table, longbench_table_columns(sel.datasets, sel.e)) << "\n"
             << "Fidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
-                                   "entries_peak", "mem", "seconds_per_record"});
+                                   "entries_start", "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[longbench] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

@@ -82,7 +82,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
                      fi + 1 == files.size());
   }
   std::cout << task_table_header(c) << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
-                                   "entries_peak", "mem", "seconds_per_record"});
+                                   "entries_start", "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[longeval] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

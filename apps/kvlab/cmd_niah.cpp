@@ -116,7 +116,7 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
                                      fmt::format("Needle in a haystack: {}", tm->model.id)));
   for (const auto& row : rows)
     std::cout << row["branch"].get<std::string>() << " (score: needle found)\n" << grid_text(o, row["record_scores"]) << "\n";
-  std::cout << task_table_header(c) << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "entries_peak", "mem",
+  std::cout << task_table_header(c) << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "entries_start", "entries_peak", "mem",
                                    "seconds_per_record"});
   fmt::print(stderr, "[niah] wrote {}, {} and {}\n", run.file("result.json"), run.file("heatmap.svg"),
              run.file("pred/"));

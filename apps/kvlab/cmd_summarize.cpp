@@ -63,7 +63,7 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer), records, branches, rows, /*last=*/true);
   std::cout << task_table_header(c) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
             << render_table(rows, {"branch", "n", "rouge1", "rouge2", "rougeL", "same_as_exact", "rougeL_vs_exact",
-                                   "entries_peak", "mem", "seconds_per_record"});
+                                   "entries_start", "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[summarize] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }
 

@@ -90,8 +90,9 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
 }
 
 std::string task_table_header(const TaskCommonOptions& o) {
-  return fmt::format("# preset {}; {}\n# entries_peak: live entries per (layer, KV head), the most held; mem *: more "
-                     "than 1% from the median of its setting\n",
+  return fmt::format("# preset {}; {}\n# entries_start / entries_peak: live entries per (layer, KV head) right after "
+                     "compression / the most held (own generated tokens included); mem *: entries_start more than "
+                     "1% from the median of its setting\n",
                      o.preset, parse_task_protocol(o.protocol, o.decode_rule).line());
 }
 

@@ -199,10 +199,10 @@ TEST_CASE("equal memory counted whole: methods at one ratio hold the same peak w
 }
 
 TEST_CASE("mark_unequal_memory: rows more than 1% from their setting's median") {
-  json rows = json::array({{{"method", "exact"}, {"dataset", "d"}, {"setting", "full"}, {"entries_peak", 400.0}},
-                           {{"method", "a"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 100.0}},
-                           {{"method", "b"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 100.5}},
-                           {{"method", "c"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_peak", 120.0}}});
+  json rows = json::array({{{"method", "exact"}, {"dataset", "d"}, {"setting", "full"}, {"entries_start", 400.0}},
+                           {{"method", "a"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_start", 100.0}},
+                           {{"method", "b"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_start", 100.5}},
+                           {{"method", "c"}, {"dataset", "d"}, {"setting", "ratio=0.2"}, {"entries_start", 120.0}}});
   mark_unequal_memory(rows);
   CHECK(!rows[0].contains("mem"));
   CHECK(rows[1]["mem"] == "");

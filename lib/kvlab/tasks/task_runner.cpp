@@ -121,7 +121,7 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
   row["rougeL_vs_exact"] = rouge / n;
   row["seconds_per_record"] = secs / n;
   // Memory (issue 21): the mean of each record's numbers; rows of runs before it have none.
-  for (const char* key : {"entries_mean", "entries_peak", "bytes_mean", "bytes_peak"}) {
+  for (const char* key : {"entries_start", "entries_mean", "entries_peak", "bytes_mean", "bytes_peak"}) {
     double sum = 0;
     bool all = !ids.empty();
     for (const auto& id : ids) {
@@ -152,16 +152,16 @@ void mark_unequal_memory(nlohmann::json& rows) {
     return r.value("dataset", std::string()) + "|" + r.value("setting", std::string());
   };
   auto eligible = [](const nlohmann::json& r) {
-    return r.value("method", std::string()) != "exact" && r.contains("entries_peak") && r["entries_peak"].is_number();
+    return r.value("method", std::string()) != "exact" && r.contains("entries_start") && r["entries_start"].is_number();
   };
   for (const auto& r : rows)
-    if (eligible(r)) peers[group(r)].push_back(r["entries_peak"].get<double>());
+    if (eligible(r)) peers[group(r)].push_back(r["entries_start"].get<double>());
   for (auto& r : rows) {
     if (!eligible(r)) continue;
     auto v = peers[group(r)];
     std::sort(v.begin(), v.end());
     const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    r["mem"] = std::abs(r["entries_peak"].get<double>() - median) > 0.01 * median ? "*" : "";
+    r["mem"] = std::abs(r["entries_start"].get<double>() - median) > 0.01 * median ? "*" : "";
   }
 }
 

@@ -78,8 +78,10 @@ struct TaskOptions {
   std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
 };
 
-// Marks every non-exact row whose entries_peak differs by more than 1% from the median of the rows
-// of its dataset and setting: "mem" = "*" (else ""). Rows without entries_peak are left alone.
+// Marks every non-exact row whose entries_start (the entries right after compression: the budget
+// the protocol fixes) differs by more than 1% from the median of the rows of its dataset and
+// setting: "mem" = "*" (else ""). Peak and mean are not compared: they also count each branch's own
+// generated tokens, which differ with its output's length. Rows without entries_start are left alone.
 void mark_unequal_memory(nlohmann::json& rows);
 
 // Runs every record through `branches` (the first must be exact: the fidelity reference) and
