@@ -108,13 +108,26 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;
       bo.stop_at_eos = !o.ignore_eos;
+      // The branch's text as it comes: the decode of every id so far, printed past what is shown
+      // (a token decoded alone loses SentencePiece's leading space and cuts UTF-8 characters), so the
+      // text printed equals the plain run's for the same ids.
+      std::vector<int64_t> so_far;
+      std::string shown;
+      auto show = [&](const std::string& text) {
+        if (text.compare(0, shown.size(), shown) != 0) return;  // an unfinished character: wait
+        fmt::print("{}", text.substr(shown.size()));
+        std::fflush(stdout);
+        shown = text;
+      };
       if (!o.json) {
         fmt::print("=== {} {}\n", m.name, b.label());
-        if (tok) bo.on_token = [&](int64_t id) { fmt::print("{}", tok->decode({id})), std::fflush(stdout); };
+        if (tok) bo.on_token = [&](int64_t id) { so_far.push_back(id), show(tok->decode(so_far)); };
       }
       BranchResult r = run_branch(model, prefill, spec, bo);
       const std::string text = tok ? tok->decode(r.ids) : std::string();
+      if (!o.json && tok && text != shown) fmt::print("{}{}", shown.empty() ? "" : "\n", text);  // if a wait never ended
       if (!o.json) fmt::print("\nids: {}\n", fmt::join(r.ids, ","));
+      std::fflush(stdout);
       fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
                  "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; compress {:.1f} ms, {} tokens in "
                  "{:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,

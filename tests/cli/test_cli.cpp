@@ -636,3 +636,24 @@ TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)
                             cap),
                   "not a folder");
 }
+
+TEST_CASE("cli: generate --method prints each branch's text as the plain run prints it (issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!std::filesystem::exists(model + "/model.safetensors")) return;
+  // Before: "Shewasveryhappy…" (each SentencePiece token decoded alone loses its leading space).
+  const std::string common = "generate --model " + model + " --prompt 'Once upon a time' --max-new-tokens 24";
+  std::string plain, branch;
+  REQUIRE(test::run_command(test::kvlab_bin() + " " + common + " 2>/dev/null", &plain) == 0);
+  REQUIRE(test::run_command(test::kvlab_bin() + " " + common + " --method exact --ratio 1 2>/dev/null", &branch) == 0);
+  // The plain run: its text on the line before "ids: ..."; the branch: after "=== exact ratio=1".
+  const auto ids = plain.find("\nids: ");
+  REQUIRE(ids != std::string::npos);
+  const std::string text = plain.substr(plain.rfind('\n', ids - 1) + 1, ids - plain.rfind('\n', ids - 1) - 1);
+  const auto head = branch.find("=== exact ratio=1\n");
+  REQUIRE(head != std::string::npos);
+  const auto at = head + std::string("=== exact ratio=1\n").size();
+  const std::string branch_text = branch.substr(at, branch.find("\nids:", at) - at);
+  CHECK(text.find(' ') != std::string::npos);
+  CHECK(text.size() > 20);
+  CHECK(branch_text == text);
+}
