@@ -30,7 +30,7 @@ namespace {
 struct PplOptionsCmd {
   std::string model;
   std::string text;
-  int64_t max_tokens = 1024;
+  int64_t max_tokens = 0;  // 0 = 1024, or the model's context when that is shorter
   std::string method = "buzz,buzz-logn,h2o,streaming_llm,local";
   std::vector<int64_t> cache_size = {50, 100};
   std::vector<std::string> param;
@@ -46,7 +46,8 @@ struct PplOptionsCmd {
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("text", text, "a raw text file, e.g. ../shared/data/wikitext2/wiki.test.raw").required();
-    f.add("max_tokens", max_tokens, "read the first N tokens of the text (BOS included)");
+    f.add("max_tokens", max_tokens, "read the first N tokens of the text (BOS included); 0 = 1024 or the model's "
+                                    "context when shorter");
     f.add("method", method, "comma-separated streaming methods (exact = the full cache token by token)");
     f.add("cache_size", cache_size, "entries per KV head and layer each method may hold, e.g. 50,100");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
@@ -78,7 +79,8 @@ nlohmann::json row_json(const PplRow& r) {
 }
 
 void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.max_tokens >= 2, "--max-tokens must be >= 2, got {}", o.max_tokens);
+  KVLAB_CHECK(o.max_tokens == 0 || o.max_tokens >= 2, "--max-tokens must be >= 2 (or 0 = fit the model), got {}",
+              o.max_tokens);
   KVLAB_CHECK(!o.cache_size.empty(), "--cache-size: give at least one size");
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   auto methods = build_methods(o.method, o.param, o.params);
@@ -92,10 +94,12 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   Tokenizer tok = load_model_tokenizer(src);
   std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/true);
   const int64_t context = model.config.max_position_embeddings;
-  KVLAB_CHECK(context <= 0 || o.max_tokens <= context, "--max-tokens {} exceeds {}'s context of {} positions",
-              o.max_tokens, model.id, context);
+  // The default fits the model: a 512-position model read 1024 tokens and failed (issue 26).
+  const int64_t max_tokens = o.max_tokens > 0 ? o.max_tokens : (context > 0 ? std::min<int64_t>(1024, context) : 1024);
+  KVLAB_CHECK(context <= 0 || max_tokens <= context, "--max-tokens {} exceeds {}'s context of {} positions",
+              max_tokens, model.id, context);
   KVLAB_CHECK(ids.size() >= 2, "--text {}: {} tokens; at least 2 are needed", o.text, ids.size());
-  if (int64_t(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
+  if (int64_t(ids.size()) > max_tokens) ids.resize(max_tokens);
 
   std::vector<PplBranch> branches;
   for (const auto& m : methods)

@@ -657,3 +657,16 @@ TEST_CASE("cli: generate --method prints each branch's text as the plain run pri
   CHECK(text.size() > 20);
   CHECK(branch_text == text);
 }
+
+TEST_CASE("cli: ppl's default --max-tokens fits a 512-position model (issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!std::filesystem::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_ppl_default");
+  auto r = run_kvlab("ppl --quiet --model " + model + " --text " + test::shared_dir() +
+                     "/data/wikitext2/wiki.test.raw --method local --cache-size 64 --out " + dir + "/p");
+  REQUIRE_MESSAGE(r.code == 0, r.out);  // before: "--max-tokens 1024 exceeds ... context of 512"
+  check_one_error(run_kvlab("ppl --quiet --model " + model + " --text " + test::shared_dir() +
+                            "/data/wikitext2/wiki.test.raw --method local --cache-size 64 --max-tokens 600 --out " +
+                            dir + "/q"),
+                  "exceeds");
+}
