@@ -1,5 +1,6 @@
 #include "kvlab/core/aggregate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -58,6 +59,22 @@ nlohmann::json aggregate_over_seeds(const nlohmann::json& rows, const std::vecto
     out.push_back(o);
   }
   return out;
+}
+
+void mark_off_median(nlohmann::json& rows, const std::string& key,
+                     const std::function<std::string(const nlohmann::json&)>& group,
+                     const std::function<bool(const nlohmann::json&)>& eligible) {
+  auto counts = [&](const nlohmann::json& r) { return eligible(r) && r.contains(key) && r[key].is_number(); };
+  std::map<std::string, std::vector<double>> peers;
+  for (const auto& r : rows)
+    if (counts(r)) peers[group(r)].push_back(r[key].get<double>());
+  for (auto& [g, v] : peers) std::sort(v.begin(), v.end());
+  for (auto& r : rows) {
+    if (!counts(r)) continue;
+    const auto& v = peers[group(r)];
+    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    r["mem"] = std::abs(r[key].get<double>() - median) > kEqualMemoryTolerance * median ? "*" : "";
+  }
 }
 
 }  // namespace kvlab

@@ -16,21 +16,13 @@ namespace {
 // Marks every aggregate row whose kept_fraction differs by more than 1% (relative) from the
 // median kept_fraction of the rows of its setting (and layer): "mem" = "*", else "".
 void mark_unequal_memory(nlohmann::json& agg, bool per_layer) {
-  std::map<std::string, std::vector<double>> peers;
-  auto group = [&](const nlohmann::json& r) {
-    return r.value("setting", "") + (per_layer ? "|" + r.value("layer", nlohmann::json()).dump() : "");
-  };
-  for (const auto& r : agg)
-    if (r.contains("kept_fraction") && r["kept_fraction"].is_number())
-      peers[group(r)].push_back(r["kept_fraction"].get<double>());
-  for (auto& [key, v] : peers) std::sort(v.begin(), v.end());
-  for (auto& r : agg) {
-    r["mem"] = "";
-    if (!r.contains("kept_fraction") || !r["kept_fraction"].is_number()) continue;
-    const auto& v = peers[group(r)];
-    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    if (std::abs(r["kept_fraction"].get<double>() - median) > kEqualMemoryTolerance * median) r["mem"] = "*";
-  }
+  for (auto& r : agg) r["mem"] = "";  // rows without kept_fraction too
+  mark_off_median(
+      agg, "kept_fraction",
+      [per_layer](const nlohmann::json& r) {
+        return r.value("setting", "") + (per_layer ? "|" + r.value("layer", nlohmann::json()).dump() : "");
+      },
+      [](const nlohmann::json&) { return true; });
 }
 
 // Every aggregate row's compress time against uniform's in the same setting (and layer):

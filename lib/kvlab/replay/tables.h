@@ -6,13 +6,14 @@
 
 #include <string>
 
+#include "kvlab/core/aggregate.h"
 #include "kvlab/core/report.h"
 
 namespace kvlab {
 
-// Rows whose kept_fraction differs from the median of their setting by more than this (relative)
-// are marked "mem": "*" in the aggregates and the tables: not compared at equal memory.
-constexpr double kEqualMemoryTolerance = 0.01;
+// Rows whose kept_fraction differs from the median of their setting by more than
+// kEqualMemoryTolerance (core/aggregate.h) are marked "mem": "*" in the aggregates and the tables:
+// not compared at equal memory.
 
 // {"per_layer": [...], "overall": [...]}: mean ± std over seeds of every metric.
 nlohmann::json replay_aggregates(const nlohmann::json& rows);

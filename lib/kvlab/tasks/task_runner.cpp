@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/eval/metrics/unicode.h"
@@ -147,22 +148,10 @@ std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
 }
 
 void mark_unequal_memory(nlohmann::json& rows) {
-  std::map<std::string, std::vector<double>> peers;
-  auto group = [](const nlohmann::json& r) {
-    return r.value("dataset", std::string()) + "|" + r.value("setting", std::string());
-  };
-  auto eligible = [](const nlohmann::json& r) {
-    return r.value("method", std::string()) != "exact" && r.contains("entries_start") && r["entries_start"].is_number();
-  };
-  for (const auto& r : rows)
-    if (eligible(r)) peers[group(r)].push_back(r["entries_start"].get<double>());
-  for (auto& r : rows) {
-    if (!eligible(r)) continue;
-    auto v = peers[group(r)];
-    std::sort(v.begin(), v.end());
-    const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-    r["mem"] = std::abs(r["entries_start"].get<double>() - median) > 0.01 * median ? "*" : "";
-  }
+  mark_off_median(
+      rows, "entries_start",
+      [](const nlohmann::json& r) { return r.value("dataset", std::string()) + "|" + r.value("setting", std::string()); },
+      [](const nlohmann::json& r) { return r.value("method", std::string()) != "exact"; });
 }
 
 nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec& task,
