@@ -18,7 +18,9 @@
 // logit by log_512(n) (Eq. 7–8) through CompressedKV::logit_scale.
 //
 // Cost (issue 13; replay, n = 4096: ~28 ms per (layer, KV head), ~50x uniform; buzz-interval,
-// which needs no scores, ~1x). The accumulated scores cost O(n_q·n·d); the prefill then repeats
+// which needs no scores, ~1x). The accumulated scores cost O(n_q·n·d), computed causally in chunks
+// of queries (query_scores.h; one [H, n_q, n] block per layer took 436 s on an 8k-token LongBench
+// record, chunks 86 s); the prefill then repeats
 // the eviction of Alg. 1 until the cache fits (Remark 2), each round depending on the survivors of
 // the last, so its cost is the number of rounds times the held size — inherent to the rule.
 //
@@ -89,6 +91,7 @@
 #include <tuple>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -448,7 +451,10 @@ class Buzz final : public Compressor {
     c.window = lay.window;
     c.threshold = lay.threshold;
     at::Tensor score;  // [H, n] accumulated attention over the available queries, causal
-    if (!c.interval_new) score = group_attention_probs(kv, reduce_).sum(1);
+    if (!c.interval_new) {
+      detail::require_queries(kv, variant_name(variant_));
+      score = detail::accumulated_attention(kv, reduce_);  // [H, n] float64, causal, in chunks
+    }
 
     BuzzCache cache(c, h);
     cache.append(kv.keys, kv.values, at::arange(n, kv.keys.options().dtype(at::kLong)), score);
@@ -484,7 +490,7 @@ class Buzz final : public Compressor {
     }
     at::Tensor score;
     if (!c.interval_new && n > 0 && kv.queries.defined() && kv.queries.size(1) > 0)
-      score = group_attention_probs(kv, reduce_).sum(1);  // [Hkv, n]
+      score = detail::accumulated_attention(kv, reduce_);  // [Hkv, n] float64
     BuzzStream::Logn logn;
     logn.on = variant_ == Variant::kLogn && c.threshold < std::numeric_limits<int64_t>::max() / 4;
     logn.seq = logn_n_ == "seq";

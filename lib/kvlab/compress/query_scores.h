@@ -52,9 +52,18 @@ inline void require_queries(const LayerKV& kv, const std::string& method) {
 // Causal: the keys after a chunk's last query are masked for all of it, so they are left out of its
 // softmax (the same probabilities, about half the work when the queries cover the whole prompt, as
 // h2o_queries=all does in generation).
+// chunk <= 0 (the default) sizes the chunks to ~16 MB of scores ([Hq, chunk, keys seen] float32,
+// 16 to 256 queries): at 8k tokens a 256-query chunk is 75 MB, above glibc's largest mmap
+// threshold (32 MB), so every chunk was a fresh mmap whose pages the kernel zeroes on first touch
+// (perf on a LongBench record: ~30% of the time in page faults and clear_page).
 inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce,
-                                        int64_t chunk = 256) {
+                                        int64_t chunk = 0) {
   const int64_t n_obs = kv.queries.size(1), n = kv.n_tokens();
+  if (chunk <= 0) {
+    const int64_t n_all = n + kv.pos0 + (kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0);
+    const int64_t row_bytes = std::max<int64_t>(1, kv.n_q_heads() * n_all * int64_t(sizeof(float)));
+    chunk = std::clamp<int64_t>((int64_t(16) << 20) / row_bytes, 16, 256);
+  }
   at::Tensor total = at::zeros({kv.n_kv_heads(), n}, kv.keys.options().dtype(at::kDouble));  // [Hkv, n]
   for (int64_t j0 = 0; j0 < n_obs; j0 += chunk) {
     const int64_t len = std::min(chunk, n_obs - j0);
