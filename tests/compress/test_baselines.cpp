@@ -16,6 +16,7 @@
 #include "kvlab/attention/attention.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/h2o.h"
+#include "kvlab/compress/layout.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/compress/snapkv.h"
 #include "kvlab/core/check.h"
@@ -616,4 +617,50 @@ TEST_CASE("accumulated_attention: chunks that leave out the keys after their las
     for (int64_t chunk : {1, 64, 100, 1000})
       CHECK(at::allclose(kvlab::detail::accumulated_attention(kv, reduce, chunk), whole, 1e-12, 1e-12));
   }
+}
+
+TEST_CASE("attention sums shared by generation's prefill: a naive loop's per-head sums; every method scoring with them "
+          "keeps what it keeps computing its own") {
+  // GQA 3:1, queries at every position, the region [5, 34) of 40 with exact sinks before and a tail after.
+  at::manual_seed(11);
+  const int64_t n = 40, h_kv = 2, g = 3, d = 8, begin = 5, end = 34;
+  auto k = at::randn({h_kv, n, d}, at::kFloat), v = at::randn({h_kv, n, d}, at::kFloat);
+  auto q = at::randn({h_kv * g, n, d}, at::kFloat);
+  auto pos = at::arange(n, at::kLong);
+  const LayerKV whole = kvlab::region_of(k, v, 0, n, q, pos, 0, 1);
+  const at::Tensor sums = kvlab::detail::attention_sums_per_query_head(whole);  // [6, 40]
+
+  // Naive: query j (position j) of head h, softmax over keys 0..j of q·k/√d, summed over j.
+  auto qa = q.to(at::kDouble), ka = k.to(at::kDouble);
+  for (int64_t h = 0; h < h_kv * g; ++h)
+    for (int64_t i = 0; i < n; ++i) {
+      double total = 0;
+      for (int64_t j = i; j < n; ++j) {
+        auto logits = (ka[h / g].narrow(0, 0, j + 1).matmul(qa[h][j]) / std::sqrt(double(d)));  // [j + 1]
+        total += at::softmax(logits, 0)[i].item<double>();
+      }
+      CHECK(sums[h][i].item<double>() == doctest::Approx(total).epsilon(1e-5));  // float32 scores
+    }
+
+  LayerKV own = kvlab::region_of(k, v, begin, end, q, pos, 0, 1);
+  LayerKV shared = own;
+  shared.attention_sums = sums.narrow(1, begin, end - begin);
+  for (const std::string reduce : {"mean", "sum", "max"}) {
+    INFO("reduce=", reduce);
+    CHECK(at::allclose(kvlab::detail::accumulated_attention(shared, reduce),
+                       kvlab::detail::accumulated_attention(own, reduce), 1e-6, 1e-9));
+  }
+  CHECK_FALSE(kvlab::detail::last_queries(shared, 7).attention_sums.defined());  // the sums were over all 40
+  CHECK(kvlab::detail::last_queries(shared, -1).attention_sums.defined());
+
+  for (const std::string m : {"h2o", "cam", "buzz"}) {
+    INFO("method=", m);
+    json p = m == "h2o" ? json{{"h2o_queries", "all"}} : json::object();
+    auto c = make_compressor(m, p);
+    CHECK(c->observation_queries() == -1);
+    const CompressedKV a = c->compress(own, budget_opt(12)), b = c->compress(shared, budget_opt(12));
+    CHECK(at::equal(a.kept_idx, b.kept_idx));
+    CHECK(at::allclose(a.values, b.values, 1e-6, 1e-6));
+  }
+  CHECK(make_compressor("buzz-interval", json::object())->observation_queries() == 0);
 }

@@ -62,10 +62,12 @@ struct CompressedLayer {
 // layer, the exact parts inside it — the region gets the budget less keep_first and keep_last (the
 // exact parts shrink when they would take it all). Halvings (--T) stay a budget of the region. A
 // streaming method (stream = true) keeps its ratio of the tokens it has seen, unconverted.
+// `attention_sums` [Hq, n] float64 (optional, only with q_obs = every prompt query): the prefill's
+// per-query-head attention sums (LayerKV::attention_sums), narrowed to the region.
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
-                               bool count_whole = false);
+                               bool count_whole = false, const at::Tensor& attention_sums = at::Tensor());
 
 class CompressedAttention : public AttentionBackend {
  public:

@@ -437,6 +437,11 @@ class Buzz final : public Compressor {
 
   std::string name() const override { return variant_name(variant_); }
   nlohmann::json params() const override { return params_; }
+  // Accumulated attention streams over every token (Alg. 1), so generation keeps every prompt query
+  // for it. It returned 0 (none) before, so BUZZ scored with --obs-queries' last 256 queries unless
+  // another method of the run (h2o, cam) made the prefill keep them all: its output depended on
+  // the other branches. buzz-interval needs no scores.
+  int64_t observation_queries() const override { return cfg_.interval_new ? 0 : -1; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h = kv.n_kv_heads();

@@ -39,6 +39,12 @@ struct LayerKV {
   at::Tensor suffix_keys;  // [n_kv_heads, m, head_dim] at positions pos0+n .. pos0+n+m-1
   int layer = 0;         // 0-based layer index (PyramidKV's per-layer budgets)
   int n_layers = 1;
+  // Optional, [n_q_heads, n] float64: for each query head, Σ over every query of `queries` of its
+  // post-softmax attention on each region key (causal, softmax over all it sees). Generation's
+  // exact prefill computes it once per prompt and every branch scoring with all its queries shares
+  // it (h2o/cam with every query, buzz); detail::accumulated_attention uses it for gqa_reduce mean
+  // and sum. Undefined = computed from the queries. Dropped when the queries are narrowed.
+  at::Tensor attention_sums;
 
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }

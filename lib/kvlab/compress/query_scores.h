@@ -31,6 +31,7 @@ inline LayerKV last_queries(const LayerKV& kv, int64_t w) {
   const int64_t n_obs = kv.queries.size(1);
   if (w < 0 || w >= n_obs) return out;
   out.queries = kv.queries.narrow(1, n_obs - w, w);                      // [Hq, w, d]
+  out.attention_sums = at::Tensor();                                     // it was over every query
   if (out.query_pos.defined()) out.query_pos = out.query_pos.narrow(0, n_obs - w, w);  // [w]
   return out;
 }
@@ -64,6 +65,13 @@ inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& re
     const int64_t row_bytes = std::max<int64_t>(1, kv.n_q_heads() * n_all * int64_t(sizeof(float)));
     chunk = std::clamp<int64_t>((int64_t(16) << 20) / row_bytes, 16, 256);
   }
+  if (kv.attention_sums.defined() && (reduce == "mean" || reduce == "sum") &&
+      kv.attention_sums.size(0) == kv.n_q_heads() && kv.attention_sums.size(1) == n) {
+    // The group's query heads summed (mean: averaged): Σ_q reduce_g p = reduce_g Σ_q p, both linear.
+    const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
+    auto s = kv.attention_sums.to(kv.keys.device(), at::kDouble).view({kv.n_kv_heads(), g, n}).sum(1);  // [Hkv, n]
+    return reduce == "mean" ? s / static_cast<double>(g) : s;
+  }
   at::Tensor total = at::zeros({kv.n_kv_heads(), n}, kv.keys.options().dtype(at::kDouble));  // [Hkv, n]
   for (int64_t j0 = 0; j0 < n_obs; j0 += chunk) {
     const int64_t len = std::min(chunk, n_obs - j0);
@@ -84,6 +92,20 @@ inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& re
     total.narrow(1, 0, seen).add_(group_attention_probs(part, reduce).sum(1, false, at::kDouble));  // [Hkv, seen]
   }
   return total;
+}
+
+// kv.attention_sums from kv's queries: [n_q_heads, n] float64, each query head on its own (its KV
+// head's keys repeated per query head, then accumulated_attention with groups of one).
+inline at::Tensor attention_sums_per_query_head(const LayerKV& kv) {
+  const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
+  LayerKV per_head = kv;
+  per_head.attention_sums = at::Tensor();
+  auto rep = [g](const at::Tensor& t) { return t.defined() ? t.repeat_interleave(g, 0) : t; };  // [Hq, ., d]
+  per_head.keys = rep(kv.keys);
+  per_head.values = rep(kv.values);
+  per_head.prefix_keys = rep(kv.prefix_keys);
+  per_head.suffix_keys = rep(kv.suffix_keys);
+  return accumulated_attention(per_head, "sum");
 }
 
 // For each region key, how many of kv's queries may attend to it (position <= query position).

@@ -7,6 +7,8 @@
 
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
+#include "kvlab/compress/layout.h"
+#include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -33,6 +35,20 @@ int64_t Prefill::exact_kv_bytes() const {
   int64_t b = 0;
   for (size_t l = 0; l < k.size(); ++l) b += k[l].nbytes() + v[l].nbytes();
   return b;
+}
+
+const at::Tensor& Prefill::attention_sums(int layer) const {
+  const int64_t n = k.at(layer).size(1);
+  KVLAB_CHECK(q_obs.at(layer).defined() && q_obs[layer].size(1) == n,
+              "attention sums need every prompt query kept by the prefill ({} of {})",
+              q_obs[layer].defined() ? q_obs[layer].size(1) : 0, n);
+  if (sums_.size() != k.size()) sums_.resize(k.size());
+  if (!sums_[layer].defined()) {
+    LayerKV whole = region_of(k[layer], v[layer], 0, n, q_obs[layer], at::arange(n, k[layer].options().dtype(at::kLong)),
+                              layer, int(k.size()));
+    sums_[layer] = detail::attention_sums_per_query_head(whole);  // [Hq, n] float64
+  }
+  return sums_[layer];
 }
 
 Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int64_t n_obs) {
@@ -68,10 +84,14 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   co.seed = spec.seed;
   std::vector<CompressedLayer> layers;
   const int n_layers = static_cast<int>(model.config.n_layers);
-  for (int l = 0; l < n_layers; ++l)
+  // A method scoring with every prompt query shares the prefill's attention sums (see Prefill).
+  const bool all_queries = spec.method.compressor->observation_queries() < 0;
+  for (int l = 0; l < n_layers; ++l) {
+    const bool share = all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1);
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
-                                    spec.count_whole));
+                                    spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor()));
+  }
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();
   r.entries_start = attn.live_entries();

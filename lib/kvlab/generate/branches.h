@@ -25,6 +25,14 @@ struct Prefill {
   std::vector<at::Tensor> q_obs;   // per layer [Hq, n_obs, d] the last n_obs prompt queries
   double seconds = 0;
   int64_t exact_kv_bytes() const;  // K + V of every layer
+  // Layer l's per-query-head attention sums over every prompt query ([Hq, n] float64,
+  // LayerKV::attention_sums), computed on first use and then shared by every branch of this prompt
+  // that scores with all its queries (h2o/cam with every query, buzz: each recomputed them, ~85 s
+  // per branch at 8k tokens on one core). Needs q_obs to hold every prompt query.
+  const at::Tensor& attention_sums(int layer) const;
+
+ private:
+  mutable std::vector<at::Tensor> sums_;  // the memo of attention_sums
 };
 
 // One exact forward over `prompt`, keeping what every branch needs.
