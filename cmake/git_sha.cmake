@@ -5,7 +5,9 @@ execute_process(COMMAND git -C ${SRC} rev-parse HEAD OUTPUT_VARIABLE sha
 if(NOT rc EQUAL 0 OR sha STREQUAL "")
   set(sha "unknown")
 endif()
-execute_process(COMMAND git -C ${SRC} status --porcelain --untracked-files=no
+# Dirty = a tracked file outside results/ differs from HEAD: results are outputs, and a long run
+# writing into results/ must not mark the binary that writes them as built from unknown code.
+execute_process(COMMAND git -C ${SRC} status --porcelain --untracked-files=no -- . ":(exclude)results"
                 OUTPUT_VARIABLE status ERROR_QUIET RESULT_VARIABLE rc2)
 if(rc2 EQUAL 0 AND NOT status STREQUAL "")
   set(dirty "true")
