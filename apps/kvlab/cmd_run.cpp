@@ -25,6 +25,7 @@
 #include <fmt/ranges.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,9 +129,15 @@ void check_interrupted(const std::string& where) {
 int run_process(const std::vector<std::string>& argv, std::string* out) {
   int fds[2] = {-1, -1};
   if (out) KVLAB_CHECK(pipe(fds) == 0, "pipe() failed");
+  const pid_t parent = getpid();
   pid_t pid = fork();
   KVLAB_CHECK(pid >= 0, "fork() failed");
   if (pid == 0) {
+    // The step dies with kvlab run, even when run is killed with -9 (no handler runs then), so a
+    // killed run leaves no step writing behind it; the getppid check covers a parent that died
+    // before prctl.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(128 + SIGTERM);
     if (out) {
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);

@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <H5Cpp.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -669,4 +672,96 @@ TEST_CASE("cli: ppl's default --max-tokens fits a 512-position model (issue 26)"
                             "/data/wikitext2/wiki.test.raw --method local --cache-size 64 --max-tokens 600 --out " +
                             dir + "/q"),
                   "exceeds");
+}
+
+TEST_CASE("cli: a run folder in use is refused; a lock left by a dead run is taken over (issue 26)") {
+  const std::string dir = test::temp_dir("kvlab_cli_lock");
+  const std::string cap = small_capture(dir);
+  const std::string replay = "replay" + kWindows + " --quiet --capture " + cap + " --method uniform --ratio 0.5 --out " +
+                             dir + "/r";
+  auto r = run_kvlab(replay);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(test::read_file(dir + "/r/.kvlab.lock").empty());  // a finished run leaves no pid
+  // Another run holds the folder (here: this test, as pid 4242 says).
+  const int fd = ::open((dir + "/r/.kvlab.lock").c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  REQUIRE(::pwrite(fd, "4242\n", 5, 0) == 5);
+  REQUIRE(::flock(fd, LOCK_EX) == 0);
+  check_one_error(run_kvlab(replay), "another kvlab run (pid 4242) is writing there");  // before: both ran, rc 0
+  ::close(fd);  // the holder dies: the kernel drops its lock, its pid stays in the file
+  r = run_kvlab(replay);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("the run of pid 4242 that wrote there did not finish (killed?); taking over") !=
+                    std::string::npos, r.out);
+}
+
+TEST_CASE("cli: kvlab run killed with -9 leaves no step running (issue 26)") {
+  auto model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  auto dir = test::temp_dir("cli_run_kill9");
+  fs::create_directories(dir + "/tmp");
+  {
+    std::ofstream data(dir + "/prompts.jsonl");
+    for (int i = 0; i < 4000; ++i)
+      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. " + std::to_string(i)}}.dump()
+           << "\n";
+  }
+  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
+  nlohmann::json spec = {{"name", "kill9"}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
+  std::ofstream(dir + "/run.json") << spec.dump();
+  // Before: the dump step went on writing after its parent was killed.
+  const std::string script =
+      "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
+      "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
+      "sleep 0.3; kill -KILL $pid; wait $pid; for i in $(seq 1 100); do "
+      "pgrep -f '" + dir + "/tmp/kvlab-run-' > /dev/null || break; sleep 0.05; done; echo done";
+  std::string out;
+  test::run_command(script, &out);
+  INFO("script: " << out << "\nlog: " << test::read_file(dir + "/log"));
+  CHECK(processes_mentioning(dir + "/tmp/kvlab-run-") == 0);
+}
+
+TEST_CASE("cli: resume redoes predictions made from other settings or records; duplicate ids are refused (issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_resume_key");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --method h2o --ratio 0.5 --quiet --out " +
+                           dir + "/n";
+  auto generated = [&] {
+    std::vector<int64_t> n;
+    for (const auto& e : fs::recursive_directory_iterator(dir + "/n/pred"))
+      if (e.path().extension() == ".jsonl") {
+        std::ifstream f(e.path());
+        for (std::string line; std::getline(f, line);)
+          if (!line.empty()) n.push_back(nlohmann::json::parse(line)["generated_tokens"].get<int64_t>());
+      }
+    return n;
+  };
+  auto r = run_kvlab(niah + " --max-new-tokens 8");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  for (int64_t g : generated()) CHECK(g > 4);
+  // Before: --overwrite with another --max-new-tokens kept the 8-token predictions.
+  r = run_kvlab(niah + " --max-new-tokens 4 --overwrite");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("made from another record or setting; running them again") != std::string::npos, r.out);
+  const auto now = generated();
+  CHECK(now.size() == 2);  // exact and h2o, one line each
+  for (int64_t g : now) CHECK(g <= 4);
+
+  // Two LongBench records with one _id: before, one prediction was written and two counted.
+  fs::create_directories(dir + "/lb");
+  fs::copy(test::shared_dir() + "/data/longbench/config", dir + "/lb/config");
+  {
+    std::ifstream in(test::shared_dir() + "/data/longbench/passage_retrieval_zh.jsonl");
+    std::string a, b;
+    std::getline(in, a);
+    std::getline(in, b);
+    auto jb = nlohmann::json::parse(b);
+    jb["_id"] = nlohmann::json::parse(a)["_id"];
+    std::ofstream(dir + "/lb/passage_retrieval_zh.jsonl") << a << "\n" << jb.dump() << "\n";
+  }
+  check_one_error(run_kvlab("longbench --quiet --model " + model + " --data-dir " + dir + "/lb --datasets "
+                            "passage_retrieval_zh --samples 2 --method h2o --ratio 0.5 --out " + dir + "/l"),
+                  "records 1 and 2 have the same id");
 }

@@ -1,8 +1,11 @@
 #include "kvlab/core/report.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -102,6 +105,39 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j) {
   write_text_atomic(path, j.dump(2) + "\n");
 }
 
+namespace {
+
+// flock(2) on <dir>/.kvlab.lock; see RunDir.
+std::shared_ptr<int> lock_run_dir(const std::string& dir) {
+  const std::string path = dir + "/.kvlab.lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  KVLAB_CHECK(fd >= 0, "--out {}: cannot open its lock file {}: {}", dir, path, std::strerror(errno));
+  std::string holder;
+  std::array<char, 64> buf;
+  for (ssize_t n; (n = ::pread(fd, buf.data(), buf.size(), off_t(holder.size()))) > 0;) holder.append(buf.data(), size_t(n));
+  while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    KVLAB_CHECK(err != EWOULDBLOCK, "--out {}: another kvlab run (pid {}) is writing there; wait for it to finish or "
+                "choose another --out", dir, holder.empty() ? std::string("unknown") : holder);
+    KVLAB_FAIL("--out {}: cannot lock {}: {}", dir, path, std::strerror(err));
+  }
+  if (!holder.empty())
+    fmt::print(stderr, "[kvlab] --out {}: the run of pid {} that wrote there did not finish (killed?); taking over\n",
+               dir, holder);
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  KVLAB_CHECK(::ftruncate(fd, 0) == 0 && ::pwrite(fd, pid.data(), pid.size(), 0) == ssize_t(pid.size()),
+              "--out {}: cannot write its lock file {}: {}", dir, path, std::strerror(errno));
+  return std::shared_ptr<int>(new int(fd), [](int* p) {
+    if (::ftruncate(*p, 0) != 0) {}  // finished: no pid left behind
+    ::close(*p);
+    delete p;
+  });
+}
+
+}  // namespace
+
 RunDir::RunDir(const std::string& base, const std::string& experiment, const nlohmann::json& config,
                bool exact, bool overwrite) {
   namespace fs = std::filesystem;
@@ -138,6 +174,7 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
   }
   fs::create_directories(path_, ec);
   KVLAB_CHECK(!ec, "cannot create results directory '{}': {}", path_, ec.message());
+  lock_ = lock_run_dir(path_);
   write_json_atomic(file("config.json"), config);
 }
 

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,10 @@ void check_output_file(const std::string& path, const std::string& flag, const s
                        bool overwrite);
 
 // A run directory: results/<experiment>/<UTC yyyymmdd-HHMMSS>_<sha7>[-dirty]/ holding
-// config.json at creation and result.json at the end.
+// config.json at creation and result.json at the end. Locked while any copy of it lives
+// (<dir>/.kvlab.lock, flock(2), holding the writer's pid): a second run into the same folder is
+// refused with one line; the kernel drops the lock of a process that dies, and a run that finds
+// a pid left by one that did not finish says it takes over.
 class RunDir {
  public:
   // base: e.g. "results"; an explicit `--out` dir is used as is when `exact` is true. An exact
@@ -43,6 +47,7 @@ class RunDir {
 
  private:
   std::string path_;
+  std::shared_ptr<int> lock_;  // the lock file's descriptor, shared by copies; released by the last
 };
 
 // A command's run folder from its --out / --results-dir / --name / --overwrite flags: --out as

@@ -13,6 +13,7 @@
 
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/sha256.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/eval/metrics/unicode.h"
 #include "kvlab/generate/branches.h"
@@ -53,6 +54,22 @@ std::map<std::string, nlohmann::json> read_preds(const std::string& path) {
     out[j["id"].get<std::string>()] = j;
   }
   return out;
+}
+
+// What a prediction line was made from (issue 26: resume by content, not by id alone): SHA-256 of
+// the record's prompt ids, context split, new-token limit, stop strings and gold, and of the
+// branch's label, method (name, effective parameters, preset, keeps), seed and protocol.
+std::string prediction_key(const TaskRecord& r, const TaskBranch& b, const TaskOptions& opt) {
+  const nlohmann::json j = {{"prompt", r.prompt},
+                            {"context_len", r.context_len},
+                            {"max_new_tokens", r.max_new_tokens},
+                            {"stop", r.stop},
+                            {"gold", r.gold},
+                            {"branch", b.label},
+                            {"method", b.method.describe(opt.keep_first, opt.keep_last)},
+                            {"seed", opt.seed},
+                            {"protocol", opt.protocol.to_json()}};
+  return sha256_hex(j.dump()).substr(0, 16);
 }
 
 bool is_cjk(char32_t c) {
@@ -160,12 +177,39 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   c10::InferenceMode guard;
   KVLAB_CHECK(!branches.empty() && branches.front().method.name == "exact",
               "tasks: the first branch must be exact (the fidelity reference)");
+  std::map<std::string, size_t> first_index;
+  for (size_t j = 0; j < records.size(); ++j) {
+    auto [it, fresh] = first_index.emplace(records[j].id, j);
+    KVLAB_CHECK(fresh, "{}: records {} and {} have the same id '{}'; every record needs its own", task.dataset,
+                it->second + 1, j + 1, records[j].id);
+  }
   std::vector<std::string> files;
   std::vector<std::map<std::string, nlohmann::json>> done;
   for (const auto& b : branches) {
     fs::create_directories(opt.pred_dir + "/" + b.label);
     files.push_back(opt.pred_dir + "/" + b.label + "/" + task.dataset + ".jsonl");
     done.push_back(read_preds(files.back()));
+  }
+  // A line made from other inputs or settings (a dataset edited in place, another --max-new-tokens
+  // with --overwrite, ...) is redone, never reused; lines written before keys existed are kept.
+  for (size_t i = 0; i < branches.size(); ++i) {
+    int64_t redone = 0, unkeyed = 0;
+    for (const auto& r : records) {
+      auto it = done[i].find(r.id);
+      if (it == done[i].end()) continue;
+      if (!it->second.contains("input_key")) {
+        ++unkeyed;
+      } else if (it->second["input_key"] != prediction_key(r, branches[i], opt)) {
+        done[i].erase(it);
+        ++redone;
+      }
+    }
+    if (redone)
+      fmt::print(stderr, "[resume] {}: {} of its predictions were made from another record or setting; running "
+                 "them again\n", files[i], redone);
+    if (unkeyed)
+      fmt::print(stderr, "[resume] {}: {} predictions carry no input_key (made before kvlab checked them); reused "
+                 "by id\n", files[i], unkeyed);
   }
   // A cut last line is dropped from the file before appending (rewritten from the parsed lines).
   for (size_t i = 0; i < files.size(); ++i) {
@@ -231,7 +275,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       const std::string out = cut_at_stop(tok.decode(br.ids, true), r.stop);
       if (i == 0) exact_out = out;
       nlohmann::json line = {{"id", r.id}, {"prompt_tokens", r.prompt.size()}, {"output", out}, {"gold", r.gold},
-                             {"generated_tokens", br.ids.size()}};
+                             {"generated_tokens", br.ids.size()},
+                             {"input_key", prediction_key(r, branches[i], opt)}};
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
       line["context_len"] = r.context_len;  // prompt[0, context_len) is the context (--protocol context)
