@@ -21,6 +21,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "command.h"
@@ -88,6 +89,23 @@ void run_sweep(const SweepOptions& o, const nlohmann::json& effective) {
   RunDir run = open_run_dir(o.out, o.results_dir, spec.name, raw, o.overwrite);
   const std::string out_abs = fs::absolute(run.path()).lexically_normal().string();
   const std::string cfg_dir = o.emit_jobs.empty() ? out_abs : fs::absolute(o.emit_jobs).lexically_normal().string();
+  if (!o.emit_jobs.empty()) {
+    // The jobs folder is kvlab's when it holds jobs.json (this sweep's spec, written below) or is
+    // empty: a user's sweep.sbatch, commands.txt or points/ are never replaced unasked (issue 26).
+    std::error_code ec;
+    if (fs::exists(cfg_dir, ec)) {
+      KVLAB_CHECK(fs::is_directory(cfg_dir, ec), "--emit-jobs {}: exists and is not a folder", o.emit_jobs);
+      const bool empty = fs::directory_iterator(cfg_dir, ec) == fs::directory_iterator();
+      nlohmann::json earlier;
+      try {
+        if (fs::exists(cfg_dir + "/jobs.json", ec)) earlier = nlohmann::json::parse(std::ifstream(cfg_dir + "/jobs.json"));
+      } catch (const std::exception&) {
+      }
+      KVLAB_CHECK(empty || earlier == raw || o.overwrite, "--emit-jobs {}: holds files kvlab did not write for this "
+                  "sweep (no jobs.json with this spec); choose a new or empty folder, or pass --overwrite to replace "
+                  "them", o.emit_jobs);
+    }
+  }
   fs::create_directories(cfg_dir + "/points");
   fs::create_directories(out_abs + "/points");
   for (auto& p : points) p.config["out"] = out_abs + "/" + sweep_point_name(p.index);
@@ -104,6 +122,7 @@ void run_sweep(const SweepOptions& o, const nlohmann::json& effective) {
 
   if (!o.emit_jobs.empty()) {
     fs::create_directories(cfg_dir + "/logs");
+    write_json_atomic(cfg_dir + "/jobs.json", raw);
     write_text_atomic(cfg_dir + "/commands.txt", sweep_commands(spec, points, self, cfg_dir));
     write_text_atomic(cfg_dir + "/sweep.sbatch", sweep_slurm_script(spec, points, self, cfg_dir));
     fs::permissions(cfg_dir + "/sweep.sbatch", fs::perms::owner_exec | fs::perms::group_exec, fs::perm_options::add);

@@ -126,4 +126,15 @@ TEST_CASE("kvlab sweep: interrupted + continued == uninterrupted; SLURM jobs + m
   REQUIRE(test::run_command(kvlab_cmd("merge " + dir + "/slurm --out " + dir + "/merged"), &out) == 0);
   const auto merged = nlohmann::json::parse(test::read_file(dir + "/merged/result.json"));
   CHECK(untimed(merged["rows"]) == untimed(full["rows"]));
+
+  // --emit-jobs again into its own folder is fine; into a folder of the user's files it is refused
+  // (before: sweep.sbatch, commands.txt and the point files were replaced).
+  REQUIRE(test::run_command(kvlab_cmd("sweep " + dir + "/sweep.json --out " + dir + "/slurm --emit-jobs " + dir +
+                                      "/jobs"), &out) == 0);
+  std::filesystem::create_directories(dir + "/mine");
+  std::ofstream(dir + "/mine/sweep.sbatch") << "my own script\n";
+  CHECK(test::run_command(kvlab_cmd("sweep " + dir + "/sweep.json --out " + dir + "/slurm2 --emit-jobs " + dir +
+                                    "/mine"), &out) != 0);
+  CHECK(out.find("--emit-jobs " + dir + "/mine: holds files kvlab did not write") != std::string::npos);
+  CHECK(test::read_file(dir + "/mine/sweep.sbatch") == "my own script\n");
 }
