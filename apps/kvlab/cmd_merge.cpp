@@ -21,6 +21,7 @@
 #include "kvlab/replay/plan.h"
 #include "kvlab/replay/tables.h"
 #include "kvlab/tasks/longbench.h"
+#include "kvlab/tasks/niah_figure.h"
 #include "kvlab/tasks/task_merge.h"
 
 namespace kvlab::cli {
@@ -64,6 +65,7 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
     shard_rows.push_back(dj.second["rows"]);
     contexts.push_back(dj.second["context"]);
   }
+  check_task_shard_preds(dirs, shard_rows);  // before --out is touched
   RunDir run(o.out, "merge", effective, /*exact=*/true, o.overwrite);
   const int files = merge_task_preds(dirs, run.path());
   nlohmann::json rows = merge_task_rows(shard_rows);
@@ -88,6 +90,15 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
     std::cout << render_table(extra["longbench"], longbench_table_columns(datasets, e)) << "\n";
   }
   run.write_result(context, rows, extra);
+  if (!rows.empty() && rows[0].value("dataset", "") == "niah" && base_config.contains("lengths") &&
+      base_config.contains("depths")) {  // the heat map `kvlab niah` draws, over the joined cells
+    std::vector<NiahPanel> panels;
+    for (const auto& r : rows) panels.push_back({r["branch"].get<std::string>(), r["record_scores"]});
+    write_text_atomic(run.file("heatmap.svg"),
+                      niah_heatmap_svg(panels, base_config["lengths"].get<std::vector<int64_t>>(),
+                                       base_config["depths"].get<std::vector<double>>(),
+                                       fmt::format("Needle in a haystack: {}", base_config.value("model", ""))));
+  }
   std::cout << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact"});
   fmt::print(stderr, "[merge] {} shards of a task run: {} rows, {} prediction files -> {}\n", dirs.size(), rows.size(),
              files, run.path());

@@ -765,3 +765,49 @@ TEST_CASE("cli: resume redoes predictions made from other settings or records; d
                             "passage_retrieval_zh --samples 2 --method h2o --ratio 0.5 --out " + dir + "/l"),
                   "records 1 and 2 have the same id");
 }
+
+TEST_CASE("cli: merge checks task shards' prediction files against their result.json first; NIAH merges draw the heat map "
+          "(issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_merge_tasks");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300,350 --depths 25,75 --method h2o --ratio 0.5 "
+                           "--max-new-tokens 4 --quiet";
+  for (int s = 0; s < 2; ++s) {
+    auto r = run_kvlab(niah + " --shard " + std::to_string(s) + "/2 --out " + dir + "/s" + std::to_string(s));
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+  }
+  const std::string file = "/pred/h2o_ratio0.5/niah.jsonl";
+  auto lines_of = [](const std::string& path) {
+    std::vector<std::string> v;
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    return v;
+  };
+  auto write_lines = [](const std::string& path, const std::vector<std::string>& v) {
+    std::ofstream out(path, std::ios::trunc);
+    for (const auto& l : v) out << l << "\n";
+  };
+  const auto original = lines_of(dir + "/s1" + file);
+  REQUIRE(original.size() == 2);
+  auto merge = [&](const std::string& out) { return run_kvlab("merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/" + out); };
+
+  // Before: each of these merged with rc 0, wrong counts and records out of order.
+  write_lines(dir + "/s1" + file, {original[0]});
+  check_one_error(merge("m1"), "lacks record");
+  write_lines(dir + "/s1" + file, {original[0], original[1], original[1]});
+  check_one_error(merge("m2"), "repeats record");
+  write_lines(dir + "/s1" + file, {original[0], original[1].substr(0, original[1].size() / 2)});
+  check_one_error(merge("m3"), "is not JSON");
+  fs::remove(dir + "/s1" + file);
+  check_one_error(merge("m4"), "is missing");
+  for (const char* m : {"m1", "m2", "m3", "m4"}) CHECK_FALSE(fs::exists(dir + "/" + m));  // nothing half-written
+
+  write_lines(dir + "/s1" + file, original);
+  auto r = merge("ok");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const std::string svg = test::read_file(dir + "/ok/heatmap.svg");  // before: no heat map
+  CHECK(svg.find("data-branch=\"h2o_ratio0.5\"") != std::string::npos);
+  CHECK(svg.find("data-length=\"300\"") != std::string::npos);
+}

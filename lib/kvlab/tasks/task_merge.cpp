@@ -54,6 +54,52 @@ json merge_task_rows(const std::vector<json>& shard_rows) {
   return out;
 }
 
+void check_task_shard_preds(const std::vector<std::string>& shard_dirs, const std::vector<json>& shard_rows) {
+  KVLAB_CHECK(shard_dirs.size() == shard_rows.size(), "merge: {} shard folders but {} row sets", shard_dirs.size(),
+              shard_rows.size());
+  for (size_t s = 0; s < shard_dirs.size(); ++s) {
+    const fs::path pred = fs::path(shard_dirs[s]) / "pred";
+    std::set<std::string> expected;  // <branch>/<dataset>.jsonl
+    for (const auto& row : shard_rows[s]) {
+      const std::string rel = row.at("branch").get<std::string>() + "/" + row.at("dataset").get<std::string>() + ".jsonl";
+      expected.insert(rel);
+      const fs::path file = pred / rel;
+      const json& scores = row.at("record_scores");
+      if (scores.empty() && !fs::exists(file)) continue;  // a shard that got no records of this dataset
+      KVLAB_CHECK(fs::is_regular_file(file), "merge: {} is missing; {}/result.json counts {} records of it",
+                  file.string(), shard_dirs[s], scores.size());
+      std::ifstream in(file);
+      std::set<std::string> seen;
+      int64_t n = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++n;
+        if (line.empty()) continue;
+        json j;
+        try {
+          j = json::parse(line);
+        } catch (const json::parse_error&) {
+          KVLAB_FAIL("merge: {}: line {} is not JSON (cut by an interruption?); run that shard again to finish it",
+                     file.string(), n);
+        }
+        KVLAB_CHECK(j.is_object() && j.contains("id") && j["id"].is_string(), "merge: {}: line {} has no string \"id\"",
+                    file.string(), n);
+        const std::string id = j["id"].get<std::string>();
+        KVLAB_CHECK(seen.insert(id).second, "merge: {}: line {} repeats record '{}'", file.string(), n, id);
+        KVLAB_CHECK(scores.contains(id), "merge: {}: line {} holds record '{}', which {}/result.json does not count",
+                    file.string(), n, id, shard_dirs[s]);
+      }
+      for (auto it = scores.begin(); it != scores.end(); ++it)
+        KVLAB_CHECK(seen.count(it.key()), "merge: {} lacks record '{}' ({} of the {} records {}/result.json counts)",
+                    file.string(), it.key(), seen.size(), scores.size(), shard_dirs[s]);
+    }
+    if (!fs::is_directory(pred)) continue;
+    for (const auto& e : fs::recursive_directory_iterator(pred))
+      if (e.is_regular_file() && e.path().extension() == ".jsonl")
+        KVLAB_CHECK(expected.count(fs::relative(e.path(), pred).generic_string()),
+                    "merge: {} has no row in {}/result.json (a file from another run?)", e.path().string(), shard_dirs[s]);
+  }
+}
+
 int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::string& out_dir) {
   std::set<std::string> rel;  // <branch>/<dataset>.jsonl
   for (const auto& d : shard_dirs) {
