@@ -122,7 +122,16 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // CLI11 prints two lines without "error:" and exits 104-114 by kind; kvlab's form is one line,
+    // "error: ...", and exit 2 for every flag error (issue 26).
+    std::string msg = e.what(), cmd = "kvlab";
+    for (char& ch : msg)
+      if (ch == '\n') ch = ' ';
+    while (!msg.empty() && msg.back() == ' ') msg.pop_back();
+    for (const CLI::App* sub : app.get_subcommands()) cmd += " " + sub->get_name();
+    fmt::print(stderr, "error: {} ({} --help lists the flags)\n", msg, cmd);
+    return 2;
   } catch (const kvlab::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -811,3 +811,15 @@ TEST_CASE("cli: merge checks task shards' prediction files against their result.
   CHECK(svg.find("data-branch=\"h2o_ratio0.5\"") != std::string::npos);
   CHECK(svg.find("data-length=\"300\"") != std::string::npos);
 }
+
+TEST_CASE("cli: flag errors from the parser are one 'error:' line with exit 2 (issue 26)") {
+  // Before: CLI11's two lines without "error:", exits 104-114 by kind.
+  for (const std::string args : {"replay --ratio abc", "--threads 0 replay", "generate --nonsense"}) {
+    INFO("args: " << args);
+    auto r = run_kvlab(args);
+    check_one_error(r, "--help lists the flags");
+    CHECK(r.code == 2);
+  }
+  auto r = run_kvlab("replay --ratio abc");
+  CHECK(r.out.find("--ratio = abc") != std::string::npos);
+}
