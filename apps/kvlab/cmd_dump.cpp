@@ -24,6 +24,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/config.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/memory.h"
@@ -119,14 +120,6 @@ int64_t parse_queries(const std::string& s) {
   return n;
 }
 
-std::string read_text(const std::string& path, const std::string& flag) {
-  std::ifstream f(path, std::ios::binary);
-  KVLAB_CHECK(f.good(), "{} {}: cannot open", flag, path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // Writes each wanted layer as it arrives; a layer holding NaN or Inf is refused (the writer's
 // partial file is removed when the error unwinds it), so a capture never holds non-finite values.
 struct CaptureTap : QkvTap {
@@ -186,7 +179,7 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
     if (!o.prompt_file.empty())
       KVLAB_CHECK(std::filesystem::is_regular_file(o.prompt_file), "--prompt-file {}: not a regular file",
                   o.prompt_file);
-    r.prompt = o.prompt_file.empty() ? o.prompt : read_text(o.prompt_file, "--prompt-file");
+    r.prompt = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file, "--prompt-file");
     KVLAB_CHECK(r.prompt.find_first_not_of(" \t\r\n") != std::string::npos, "{}: the prompt is empty",
                 o.prompt_file.empty() ? "--prompt" : "--prompt-file " + o.prompt_file);
     records.push_back(r);

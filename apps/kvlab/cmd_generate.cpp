@@ -19,6 +19,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/config.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
@@ -34,6 +35,7 @@ namespace {
 struct GenerateCmdOptions {
   std::string model;
   std::string prompt;
+  std::string prompt_file;  // the prompt text from a file (as --prompt)
   std::string prompt_ids;  // "1,2,3": skips the tokenizer and the chat template
   std::string chat_template = "auto";
   int64_t max_new_tokens = 64;
@@ -59,6 +61,7 @@ struct GenerateCmdOptions {
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
+    f.add("prompt_file", prompt_file, "file holding the prompt text (as --prompt)");
     f.add("prompt_ids", prompt_ids, "comma-separated token ids; skips tokenizer and chat template");
     f.add("chat_template", chat_template, "none | auto | a template name (chatml, llama3, ...)");
     f.add("max_new_tokens", max_new_tokens, "tokens to generate");
@@ -163,8 +166,11 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
 }
 
 void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective*/) {
-  KVLAB_CHECK(o.prompt.empty() != o.prompt_ids.empty(),
-              "give exactly one of --prompt and --prompt-ids");
+  KVLAB_CHECK(int(!o.prompt.empty()) + int(!o.prompt_file.empty()) + int(!o.prompt_ids.empty()) == 1,
+              "give exactly one of --prompt, --prompt-file and --prompt-ids");
+  const std::string prompt_text = o.prompt_file.empty() ? o.prompt : read_text_file(o.prompt_file, "--prompt-file");
+  KVLAB_CHECK(!o.prompt_ids.empty() || prompt_text.find_first_not_of(" \t\r\n") != std::string::npos,
+              "{}: the prompt is empty", o.prompt_file.empty() ? "--prompt" : "--prompt-file " + o.prompt_file);
   KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
   if (!o.logits_out.empty()) check_output_file(o.logits_out, "--logits-out", {o.model}, o.overwrite);
   if (!o.kept_out.empty()) {
@@ -199,7 +205,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     prompt_ids = parse_id_list(o.prompt_ids, "--prompt-ids");
   } else {
     tok = std::make_unique<Tokenizer>(load_model_tokenizer(src));
-    const std::string text = apply_model_chat_template(o.chat_template, src, *tok, o.prompt, &template_name);
+    const std::string text = apply_model_chat_template(o.chat_template, src, *tok, prompt_text, &template_name);
     prompt_ids = tok->encode(text, /*add_bos=*/true);
   }
   if (!tok) {

@@ -16,6 +16,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/config.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/progress.h"
 #include "kvlab/core/provenance.h"
@@ -63,15 +64,6 @@ struct PplOptionsCmd {
   }
 };
 
-std::string read_text(const std::string& path) {
-  KVLAB_CHECK(std::filesystem::is_regular_file(path), "--text {}: not a readable file", path);
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  KVLAB_CHECK(f.good() || f.eof(), "--text {}: read failed", path);
-  return ss.str();
-}
-
 nlohmann::json row_json(const PplRow& r) {
   return {{"method", r.method},       {"cache_size", r.cache_size}, {"n_predicted", r.n_predicted},
           {"nll", r.nll},             {"ppl", r.ppl},               {"kl_full", r.kl},
@@ -85,7 +77,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   auto methods = build_methods(o.method, o.param, o.params);
   require_run_keeps(methods, "the command's own exact-token flags");
-  const std::string text = read_text(o.text);
+  const std::string text = read_text_file(o.text, "--text");
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
   lo.device = parse_device(o.device, "--device");

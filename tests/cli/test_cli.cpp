@@ -823,3 +823,20 @@ TEST_CASE("cli: flag errors from the parser are one 'error:' line with exit 2 (i
   auto r = run_kvlab("replay --ratio abc");
   CHECK(r.out.find("--ratio = abc") != std::string::npos);
 }
+
+TEST_CASE("cli: generate --prompt-file reads the prompt text from a file, as --prompt (issue 26)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_prompt_file");
+  std::ofstream(dir + "/p.txt") << "Once upon a time";  // no newline: the file's bytes are the prompt
+  auto from_file = run_kvlab("generate --model " + model + " --prompt-file " + dir + "/p.txt --max-new-tokens 8");
+  auto inline_ = run_kvlab("generate --model " + model + " --prompt 'Once upon a time' --max-new-tokens 8");
+  REQUIRE_MESSAGE(from_file.code == 0, from_file.out);
+  REQUIRE_MESSAGE(inline_.code == 0, inline_.out);
+  const auto ids = [](const std::string& out) { return out.substr(out.find("\nids: ")); };
+  CHECK(ids(from_file.out).substr(0, 60) == ids(inline_.out).substr(0, 60));
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-file " + dir + "/p.txt --prompt x"),
+                  "give exactly one of --prompt, --prompt-file and --prompt-ids");
+  check_one_error(run_kvlab("generate --model " + model + " --prompt-file " + dir + "/none.txt"),
+                  "--prompt-file " + dir + "/none.txt: not a readable file");
+}

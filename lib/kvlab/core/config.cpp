@@ -1,6 +1,7 @@
 #include "kvlab/core/config.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <iostream>
@@ -93,6 +94,17 @@ void FieldList::from_json(const nlohmann::json& j, const std::string& source,
       }
     }
   }
+}
+
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  KVLAB_CHECK(std::filesystem::is_regular_file(path, ec), "{} {}: not a readable file", flag, path);
+  std::ifstream f(path, std::ios::binary);
+  KVLAB_CHECK(f.good(), "{} {}: cannot open", flag, path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  KVLAB_CHECK(!f.bad(), "{} {}: read failed", flag, path);
+  return ss.str();
 }
 
 std::vector<nlohmann::json> read_json_lines(const std::string& path) {

@@ -69,6 +69,9 @@ class FieldList {
 
 // Read a JSON file, with the file name and position in any parse error.
 nlohmann::json read_json_file(const std::string& path);
+// A text file's bytes; `flag` names where the path came from in the one-line error (not a regular
+// file, unreadable).
+std::string read_text_file(const std::string& path, const std::string& flag);
 // The values of a JSON-lines file, one per non-empty line; none when the file cannot be opened.
 std::vector<nlohmann::json> read_json_lines(const std::string& path);
 // Closest candidate by edit distance, or "" if none is close.
