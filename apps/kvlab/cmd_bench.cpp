@@ -56,6 +56,8 @@ double median_seconds(int reps, F&& f) {
 void run_attention_bench(const AttentionBenchOptions& o, const nlohmann::json& /*effective*/) {
   KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens], got {}", o.queries);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
+  KVLAB_CHECK(o.matmul_size >= 1 && o.matmul_size <= 16384, "--matmul-size must be in [1, 16384], got {}",
+              o.matmul_size);
   KVLAB_CHECK(o.q_heads % o.kv_heads == 0, "--q-heads must be a multiple of --kv-heads");
   // Once the flags are known to be good, so that a bad one still gives a single error line.
   if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);

@@ -78,6 +78,7 @@ void run_tsne(const TsneCmdOptions& o, const nlohmann::json& effective) {
   topt.perplexity = o.perplexity;
   KVLAB_CHECK(o.max_iter >= 250 && o.max_iter <= 1000000, "--max-iter must be in [250, 1000000], got {}", o.max_iter);
   topt.max_iter = int(o.max_iter);
+  KVLAB_CHECK(o.learning_rate >= 0, "--learning-rate must be > 0, or 0 for auto; got {}", o.learning_rate);
   topt.learning_rate = o.learning_rate;
   topt.early_exaggeration = o.early_exaggeration;
   topt.angle = o.angle;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iostream>
 #include <variant>
 
@@ -42,6 +43,18 @@ bool Command::resolve() {
   fields_.set_given_on_cli(std::move(given));
   if (!config_path_.empty())
     fields_.from_json(read_json_file(config_path_), config_path_, /*skip_given_on_cli=*/true);
+  // "inf" and "nan" parse as numbers on the command line (JSON has neither): no number flag means
+  // them (issue 26: buzz-steady --t-over-w inf, tsne --learning-rate nan ran).
+  for (size_t i = 0; i < fields_.fields().size(); ++i) {
+    const auto& f = fields_.fields()[i];
+    auto finite = [&](double v) {
+      KVLAB_CHECK(std::isfinite(v), "{} must be a finite number, got {}", f.positional ? f.key : f.flag(), v);
+    };
+    std::visit(Overloaded{[&](double* p) { finite(*p); },
+                          [&](std::vector<double>* p) { for (double v : *p) finite(v); },
+                          [](auto*) {}},
+               f.target);
+  }
   for (size_t i = 0; i < fields_.fields().size(); ++i) {
     const auto& f = fields_.fields()[i];
     if (!f.required) continue;

@@ -840,3 +840,11 @@ TEST_CASE("cli: generate --prompt-file reads the prompt text from a file, as --p
   check_one_error(run_kvlab("generate --model " + model + " --prompt-file " + dir + "/none.txt"),
                   "--prompt-file " + dir + "/none.txt: not a readable file");
 }
+
+TEST_CASE("cli: non-finite and nonsensical numbers are one-line errors (issue 26)") {
+  // Before: buzz-steady ran with T/w = inf (rc 0), bench attention divided by a 0-size matmul, tsne took -1 as auto.
+  check_one_error(run_kvlab("buzz-steady --t-over-w 1.5,inf"), "--t-over-w must be a finite number, got inf");
+  check_one_error(run_kvlab("bench attention --matmul-size 0"), "--matmul-size must be in [1, 16384], got 0");
+  check_one_error(run_kvlab("tsne --capture x.h5 --learning-rate nan"), "--learning-rate must be a finite number");
+  check_one_error(run_kvlab("tsne --capture x.h5 --learning-rate -1"), "--learning-rate must be > 0, or 0 for auto");
+}
