@@ -4,7 +4,8 @@
 // XSUM summarization (tasks/summarize.h; BUZZ Tables 1-2, CaM) through compressed caches: one
 // exact prefill per article shared by the full cache and every (method, budget) branch; ROUGE-1/2/L
 // F1 (rouge-score) against the reference summary and fidelity to the full cache per branch.
-// Predictions in <out>/pred/<branch>/xsum.jsonl; a rerun with the same --out resumes.
+// Predictions in <out>/pred/<branch>/<dataset>.jsonl, the dataset named after the --data file
+// (xsum_0shot.jsonl -> xsum; summarize_dataset_name); a rerun with the same --out resumes.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -49,10 +50,11 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   dopt.max_samples = o.samples;
   dopt.schema = DatasetSchema::Xsum;
   const Dataset ds = read_dataset(o.data, dopt);
+  const std::string dataset = summarize_dataset_name(o.data);  // was always "xsum" (issue 26)
   auto tm = load_task_model(c);
   std::vector<TaskRecord> records;
   for (const auto& rec : ds.records) {
-    TaskRecord r = summarize_task_record(rec, tm->src, tm->tok, c.chat_template, o.max_new_tokens);
+    TaskRecord r = summarize_task_record(rec, tm->src, tm->tok, c.chat_template, o.max_new_tokens, dataset);
     KVLAB_CHECK(fits_context(int64_t(r.prompt.size()), r.max_new_tokens, tm->context),
                 "--data {}: line {} has {} prompt tokens; with {} new tokens that exceeds {}'s context of {}", o.data,
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
@@ -60,7 +62,7 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   }
   const auto [run, ctx] = open_task_run(c, *tm, effective);
   nlohmann::json rows = nlohmann::json::array();
-  run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer), records, branches, rows, /*last=*/true);
+  run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer, dataset), records, branches, rows, /*last=*/true);
   std::cout << task_table_header(c) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
             << render_table(rows, {"branch", "n", "rouge1", "rouge2", "rougeL", "same_as_exact", "rougeL_vs_exact",
                                    "entries_start", "entries_peak", "mem", "seconds_per_record"});

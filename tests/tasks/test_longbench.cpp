@@ -15,6 +15,7 @@
 #include "kvlab/core/config.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/tasks/longbench.h"
+#include "kvlab/tasks/summarize.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -212,6 +213,22 @@ TEST_CASE("summarize: kvlab summarize on stories260K — the record's stop rules
                               "/none.jsonl --out " + dir + "/e1",
                           &err) != 0);
   CHECK(err.find("--data " + dir + "/none.jsonl: no such file") != std::string::npos);
+
+  // Another summarization file is named after itself (before: every file's predictions were xsum.jsonl).
+  fs::copy_file(data, dir + "/cnndm.jsonl");
+  REQUIRE(test::run_command(test::kvlab_bin() + " --threads 2 summarize --model " + stories_dir() + " --data " + dir +
+                                "/cnndm.jsonl --method streaming_llm --budget 8 --obs-queries 8 --quiet --out " + dir +
+                                "/cnn",
+                            &out) == 0);
+  CHECK(read_json_lines(dir + "/cnn/pred/exact/cnndm.jsonl").size() == 2);
+  CHECK_FALSE(fs::exists(dir + "/cnn/pred/exact/xsum.jsonl"));
+}
+
+TEST_CASE("summarize: the dataset is named after its file, without a trailing _<N>shot") {
+  CHECK(kvlab::summarize_dataset_name("../shared/data/summarization/xsum_0shot.jsonl") == "xsum");
+  CHECK(kvlab::summarize_dataset_name("/d/cnndm.jsonl") == "cnndm");
+  CHECK(kvlab::summarize_dataset_name("my_data_5shot.jsonl") == "my_data");
+  CHECK(kvlab::summarize_dataset_name("notes.txt") == "notes.txt");
 }
 
 TEST_CASE("longbench: --shard i/N runs and kvlab merge give the unsharded run's predictions and table") {

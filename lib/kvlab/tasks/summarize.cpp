@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <regex>
+
 #include "kvlab/core/check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/model/model_tokenizer.h"
@@ -12,8 +15,9 @@ namespace kvlab {
 using nlohmann::json;
 
 TaskRecord summarize_task_record(const PromptRecord& rec, const ModelSource& src, const Tokenizer& tok,
-                                 const std::string& chat_template, int64_t max_new_tokens) {
-  const std::string where = fmt::format("xsum line {}", rec.line);
+                                 const std::string& chat_template, int64_t max_new_tokens,
+                                 const std::string& dataset) {
+  const std::string where = fmt::format("{} line {}", dataset, rec.line);
   KVLAB_CHECK(!rec.answers.empty(), "{}: no 'summary_gt' to score against", where);
   TaskRecord r;
   r.id = rec.id;
@@ -44,9 +48,17 @@ TaskRecord summarize_task_record(const PromptRecord& rec, const ModelSource& src
   return r;
 }
 
-TaskSpec summarize_task(bool use_stemmer) {
+std::string summarize_dataset_name(const std::string& path) {
+  std::string name = std::filesystem::path(path).filename().string();
+  if (name.size() > 6 && name.compare(name.size() - 6, 6, ".jsonl") == 0) name.resize(name.size() - 6);
+  static const std::regex shot("_[0-9]+shot$");
+  name = std::regex_replace(name, shot, "");
+  return name.empty() ? std::string("summaries") : name;
+}
+
+TaskSpec summarize_task(bool use_stemmer, const std::string& dataset) {
   TaskSpec t;
-  t.dataset = "xsum";
+  t.dataset = dataset;
   t.score = [use_stemmer](const std::string& output, const json& gold) {
     const auto r = eval::google_rouge(gold.at("summary_gt").get<std::string>(), output, use_stemmer);
     return json{{"score", r.rougeL.fmeasure},

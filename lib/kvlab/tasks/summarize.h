@@ -17,12 +17,18 @@
 
 namespace kvlab {
 
-// One XSUM record (read_dataset's Xsum schema) as the model sees it; `max_new_tokens` <= 0 takes
-// the record's `max_tokens` (else 64). Errors name the record's file and line.
+// One record of read_dataset's Xsum schema (XSUM, or any article/summary file in that schema) as the
+// model sees it; `max_new_tokens` <= 0 takes the record's `max_tokens` (else 64). Errors name the
+// dataset and the record's line.
 TaskRecord summarize_task_record(const PromptRecord& rec, const ModelSource& src, const Tokenizer& tok,
-                                 const std::string& chat_template, int64_t max_new_tokens);
+                                 const std::string& chat_template, int64_t max_new_tokens,
+                                 const std::string& dataset = "xsum");
 
-// {"score": ROUGE-L F1, "rouge1", "rouge2", "rougeL": F1 in [0, 1]}; the dataset is "xsum".
-TaskSpec summarize_task(bool use_stemmer = true);
+// The dataset name of a summarization file: its file name without ".jsonl" and without a trailing
+// "_<N>shot" (xsum_0shot.jsonl -> "xsum", cnndm.jsonl -> "cnndm"); names the prediction files and rows.
+std::string summarize_dataset_name(const std::string& path);
+
+// {"score": ROUGE-L F1, "rouge1", "rouge2", "rougeL": F1 in [0, 1]} for `dataset`.
+TaskSpec summarize_task(bool use_stemmer = true, const std::string& dataset = "xsum");
 
 }  // namespace kvlab
