@@ -72,6 +72,8 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
   refresh_task_fidelity(run.path(), rows);
   auto context = context_block("cpu", 0, base_config);
   context["merged_from"] = contexts;
+  // The protocol is one config's (the shards' configs are equal): tables read it from context.
+  if (contexts.size() && contexts[0].contains("protocol")) context["protocol"] = contexts[0]["protocol"];
   nlohmann::json extra = {{"complete", true}};
   const nlohmann::json& first = by_shard.begin()->second.second;
   if (first.contains("longbench")) {  // eval.py's scores need every record: scored again over the joined files

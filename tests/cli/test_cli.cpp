@@ -808,6 +808,7 @@ TEST_CASE("cli: merge checks task shards' prediction files against their result.
   auto r = merge("ok");
   REQUIRE_MESSAGE(r.code == 0, r.out);
   const std::string svg = test::read_file(dir + "/ok/heatmap.svg");  // before: no heat map
+  CHECK(read_json_file(dir + "/ok/result.json")["context"]["protocol"]["protocol"] == "whole");  // before: absent
   CHECK(svg.find("data-branch=\"h2o_ratio0.5\"") != std::string::npos);
   CHECK(svg.find("data-length=\"300\"") != std::string::npos);
 }
