@@ -423,6 +423,26 @@ int processes_mentioning(const std::string& needle) {
   return n;
 }
 
+// A `kvlab run` of one dump step long enough to be interrupted (4000 prompts, about 30 s on 2
+// cores) under TMPDIR=dir/tmp: writes dir/prompts.jsonl and dir/run.json and returns the start of a
+// shell script that launches it in the background (its pid in $pid, its output in dir/log) and
+// waits until the capture is being written, plus 0.3 s; the caller appends how it stops it.
+std::string long_dump_run_script(const std::string& dir, const std::string& model, const std::string& name) {
+  fs::create_directories(dir + "/tmp");
+  {
+    std::ofstream data(dir + "/prompts.jsonl");
+    for (int i = 0; i < 4000; ++i)
+      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. She loved to play "
+                                        "outside in the park with her friends. " + std::to_string(i)}}.dump() << "\n";
+  }
+  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
+  nlohmann::json spec = {{"name", name}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
+  std::ofstream(dir + "/run.json") << spec.dump();
+  return "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
+         "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
+         "sleep 0.3; ";
+}
+
 }  // namespace
 
 TEST_CASE("cli: run skips a capture step only when the capture has the digest in its sidecar") {
@@ -467,21 +487,7 @@ TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/
     return;
   }
   auto dir = test::temp_dir("cli_run_signal");
-  fs::create_directories(dir + "/tmp");
-  {
-    // A dump long enough to be interrupted: 4000 prompts, about 30 s on 2 cores (stopped after 0.3 s).
-    std::ofstream data(dir + "/prompts.jsonl");
-    for (int i = 0; i < 4000; ++i)
-      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. She loved to play "
-                                        "outside in the park with her friends. " + std::to_string(i)}}.dump() << "\n";
-  }
-  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
-  nlohmann::json spec = {{"name", "sig"}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
-  std::ofstream(dir + "/run.json") << spec.dump();
-  const std::string script =
-      "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
-      "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
-      "sleep 0.3; kill -TERM $pid; wait $pid; echo \"rc=$?\"";
+  const std::string script = long_dump_run_script(dir, model, "sig") + "kill -TERM $pid; wait $pid; echo \"rc=$?\"";
   std::string out;
   test::run_command(script, &out);
   const std::string log = test::read_file(dir + "/log");
@@ -699,22 +705,10 @@ TEST_CASE("cli: kvlab run killed with -9 leaves no step running (issue 26)") {
   auto model = test::shared_dir() + "/models/stories260K";
   if (!fs::exists(model + "/model.safetensors")) return;
   auto dir = test::temp_dir("cli_run_kill9");
-  fs::create_directories(dir + "/tmp");
-  {
-    std::ofstream data(dir + "/prompts.jsonl");
-    for (int i = 0; i < 4000; ++i)
-      data << nlohmann::json{{"prompt", "Once upon a time, there was a little girl named Lily. " + std::to_string(i)}}.dump()
-           << "\n";
-  }
-  nlohmann::json config = {{"model", model}, {"dataset", dir + "/prompts.jsonl"}, {"out", dir + "/c.h5"}};
-  nlohmann::json spec = {{"name", "kill9"}, {"steps", {{{"command", "dump"}, {"config", config}}}}};
-  std::ofstream(dir + "/run.json") << spec.dump();
   // Before: the dump step went on writing after its parent was killed.
-  const std::string script =
-      "TMPDIR='" + dir + "/tmp' '" + test::kvlab_bin() + "' --threads 1 run '" + dir + "/run.json' > '" + dir +
-      "/log' 2>&1 & pid=$!; for i in $(seq 1 1200); do [ -e '" + dir + "/c.h5.partial' ] && break; sleep 0.05; done; "
-      "sleep 0.3; kill -KILL $pid; wait $pid; for i in $(seq 1 100); do "
-      "pgrep -f '" + dir + "/tmp/kvlab-run-' > /dev/null || break; sleep 0.05; done; echo done";
+  const std::string script = long_dump_run_script(dir, model, "kill9") +
+                             "kill -KILL $pid; wait $pid; for i in $(seq 1 100); do pgrep -f '" + dir +
+                             "/tmp/kvlab-run-' > /dev/null || break; sleep 0.05; done; echo done";
   std::string out;
   test::run_command(script, &out);
   INFO("script: " << out << "\nlog: " << test::read_file(dir + "/log"));

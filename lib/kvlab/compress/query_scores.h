@@ -60,17 +60,17 @@ inline void require_queries(const LayerKV& kv, const std::string& method) {
 inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce,
                                         int64_t chunk = 0) {
   const int64_t n_obs = kv.queries.size(1), n = kv.n_tokens();
-  if (chunk <= 0) {
-    const int64_t n_all = n + kv.pos0 + (kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0);
-    const int64_t row_bytes = std::max<int64_t>(1, kv.n_q_heads() * n_all * int64_t(sizeof(float)));
-    chunk = std::clamp<int64_t>((int64_t(16) << 20) / row_bytes, 16, 256);
-  }
   if (kv.attention_sums.defined() && (reduce == "mean" || reduce == "sum") &&
       kv.attention_sums.size(0) == kv.n_q_heads() && kv.attention_sums.size(1) == n) {
     // The group's query heads summed (mean: averaged): Σ_q reduce_g p = reduce_g Σ_q p, both linear.
     const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
     auto s = kv.attention_sums.to(kv.keys.device(), at::kDouble).view({kv.n_kv_heads(), g, n}).sum(1);  // [Hkv, n]
     return reduce == "mean" ? s / static_cast<double>(g) : s;
+  }
+  if (chunk <= 0) {
+    const int64_t n_all = n + kv.pos0 + (kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0);
+    const int64_t row_bytes = std::max<int64_t>(1, kv.n_q_heads() * n_all * int64_t(sizeof(float)));
+    chunk = std::clamp<int64_t>((int64_t(16) << 20) / row_bytes, 16, 256);
   }
   at::Tensor total = at::zeros({kv.n_kv_heads(), n}, kv.keys.options().dtype(at::kDouble));  // [Hkv, n]
   for (int64_t j0 = 0; j0 < n_obs; j0 += chunk) {
