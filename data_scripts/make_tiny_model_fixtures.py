@@ -8,9 +8,13 @@ For each case writes tests/fixtures/tiny_models/<name>/:
   expected.json                    the token ids
 Cases cover what SmolLM2 and stories260K do not: qwen2 (q/k/v bias, untied lm_head), llama with
 attention_bias, an explicit head_dim != hidden/heads and llama3 rope scaling, llama with linear
-rope scaling, mistral.
+rope scaling, mistral; and sliding-window attention (issue 24) with prompts longer than the window:
+mistral with sliding_window 8 on 40 tokens, qwen2 with use_sliding_window (window 8, layer 1
+slides, layer 0 does not: max_window_layers 1). The sliding-window cases also write `greedy_ids`:
+8 greedy tokens after the prompt, each chosen by a full forward over everything so far (no cache).
 
-Usage: /opt/kvlab-py/bin/python data_scripts/make_tiny_model_fixtures.py
+Usage: /opt/kvlab-py/bin/python data_scripts/make_tiny_model_fixtures.py [CASE ...]
+  (no CASE: every case; the first four draw from one seed in order, the later ones seed their own)
 """
 import json
 import os
@@ -35,15 +39,33 @@ CASES = {
     "llama_linear": ("llama", dict(rope_theta=10000.0, tie_word_embeddings=True,
                                    rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral": ("mistral", dict(rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False)),
+    # (model_type, config, prompt length, own seed)
+    "mistral_sw8": ("mistral", dict(rope_theta=10000.0, sliding_window=8, tie_word_embeddings=False),
+                    40, 8),
+    "qwen2_sw8": ("qwen2", dict(rope_theta=1000000.0, tie_word_embeddings=False, use_sliding_window=True,
+                                sliding_window=8, max_window_layers=1), 40, 9),
 }
+GREEDY = 8
 
 
 def main():
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    import sys
+    only = set(sys.argv[1:])
     torch.manual_seed(0)
-    for name, (model_type, extra) in CASES.items():
+    skipped_shared = False
+    for name, (model_type, extra, *own) in CASES.items():
+        t = own[0] if own else T
+        if own:
+            torch.manual_seed(own[1])
+        if only and name not in only:
+            skipped_shared |= not own
+            continue
+        if skipped_shared and not own:
+            raise SystemExit(f"{name} draws from the shared seed after a skipped case: give every "
+                             "case before it too")
         d = os.path.join(OUT, name)
         os.makedirs(d, exist_ok=True)
         cfg = AutoConfig.for_model(model_type, **BASE, **extra)
@@ -56,7 +78,7 @@ def main():
         for f in os.listdir(d):
             if f not in ("config.json", "model.safetensors"):
                 os.remove(os.path.join(d, f))
-        ids = torch.randint(3, BASE["vocab_size"], (1, T))
+        ids = torch.randint(3, BASE["vocab_size"], (1, t))
         ids[0, 0] = 1
         # post-RoPE q/k/v of layer 1 by hooking the attention inputs and recomputing.
         got = {}
@@ -70,17 +92,26 @@ def main():
             hook.remove()
             hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
             h = got["h"]
-            q = attn.q_proj(h).view(1, T, -1, hd).transpose(1, 2)
-            k = attn.k_proj(h).view(1, T, -1, hd).transpose(1, 2)
-            v = attn.v_proj(h).view(1, T, -1, hd).transpose(1, 2)
+            q = attn.q_proj(h).view(1, t, -1, hd).transpose(1, 2)
+            k = attn.k_proj(h).view(1, t, -1, hd).transpose(1, 2)
+            v = attn.v_proj(h).view(1, t, -1, hd).transpose(1, 2)
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
             cos, sin = got["pe"]
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
         save_file({"logits": logits.contiguous(), "layer_01_q": q[0].contiguous(),
                    "layer_01_k": k[0].contiguous(), "layer_01_v": v[0].contiguous()},
                   os.path.join(d, "expected.safetensors"))
+        expected = {"token_ids": ids[0].tolist(), "model_type": model_type}
+        if own:  # greedy continuation by full recompute: the definition, no cache involved
+            seq = ids.clone()
+            with torch.no_grad():
+                for _ in range(GREEDY):
+                    nxt = model(seq, use_cache=False).logits[0, -1].argmax()
+                    seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+            expected["greedy_ids"] = seq[0, t:].tolist()
+            expected["sliding_window"] = extra["sliding_window"]
         with open(os.path.join(d, "expected.json"), "w") as f:
-            json.dump({"token_ids": ids[0].tolist(), "model_type": model_type}, f)
+            json.dump(expected, f)
             f.write("\n")
         for f in os.listdir(d):
             os.chmod(os.path.join(d, f), 0o644)

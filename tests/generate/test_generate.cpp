@@ -16,6 +16,7 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/method_spec.h"
+#include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 #include "kvlab/generate/branches.h"
 #include "kvlab/io/synthetic.h"
@@ -70,7 +71,11 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
     CompressedLayer layer = compress_layer(*m.compressor, co, t.k.narrow(1, 0, n), t.v.narrow(1, 0, n),
                                            t.q.narrow(1, 0, n_obs), keep_first, 0, 0, 1);
     CompressedAttention attn({layer});
-    auto z_gen = attn.attend(0, t.q.narrow(1, n_obs, 1), t.k.narrow(1, n, 1), t.v.narrow(1, n, 1), n);  // [4, 1, 16]
+    // A sliding window the position lies past is refused, in one line naming it (issue 24).
+    CHECK_THROWS_WITH_AS(attn.attend(0, t.q.narrow(1, n_obs, 1), t.k.narrow(1, n, 1), t.v.narrow(1, n, 1), n,
+                                     /*window=*/64),
+                         doctest::Contains("sliding window of 64 tokens and position 300 lies past it"), Error);
+    auto z_gen = attn.attend(0, t.q.narrow(1, n_obs, 1), t.k.narrow(1, n, 1), t.v.narrow(1, n, 1), n, /*window=*/0);  // [4, 1, 16]
     // Replay of the same tensors.
     auto out = replay_attend(u, *m.compressor, b, 5, p);
     REQUIRE(out.region_begin == keep_first);

@@ -8,6 +8,9 @@
 //     every position, q/k/v of layers 0 and 29 relative L2 error <= 1e-4.
 //   * tiny random qwen2 / llama (llama3 rope, bias, head_dim) / llama (linear rope) / mistral
 //     models == transformers (tests/fixtures/tiny_models, data_scripts/make_tiny_model_fixtures.py)
+//   * sliding-window attention (issue 24): causal_gqa_attention with a window == a naive loop;
+//     tiny mistral (window 8) and qwen2 (use_sliding_window, layer 1 only) on 40-token prompts ==
+//     transformers (logits, q/k/v, 8 greedy ids decoded through the cache)
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
@@ -184,6 +187,46 @@ TEST_CASE("causal_gqa_attention matches kvlab::attention with query_pos") {
     CHECK(max_abs(got, ref) < 1e-12);
     at::Tensor ref2 = exact_attention(q, k, v, true);  // queries are the last T of n
     CHECK(max_abs(got, ref2) < 1e-12);
+  }
+}
+
+TEST_CASE("causal_gqa_attention with a sliding window equals a naive loop") {
+  // The definition, one query and one key at a time: query position p of head h attends to the
+  // keys j of its KV head with p - window < j <= p (transformers' sliding-window mask).
+  c10::InferenceMode guard;
+  at::manual_seed(11);
+  struct Case { int64_t hq, hkv, T, pos0, d, block, window; };
+  for (Case c : {Case{4, 2, 40, 0, 8, 16, 8}, Case{6, 3, 33, 20, 8, 7, 5}, Case{2, 1, 1, 50, 8, 128, 8},
+                 Case{4, 4, 30, 0, 4, 4, 1}, Case{4, 2, 25, 0, 8, 8, 100}}) {
+    CAPTURE(c.T); CAPTURE(c.pos0); CAPTURE(c.block); CAPTURE(c.window);
+    const int64_t n = c.pos0 + c.T, g = c.hq / c.hkv;
+    at::Tensor q = at::randn({c.hq, c.T, c.d}, at::kDouble);  // [Hq, T, d]
+    at::Tensor k = at::randn({c.hkv, n, c.d}, at::kDouble);   // [Hkv, n, d]
+    at::Tensor v = at::randn({c.hkv, n, c.d}, at::kDouble);   // [Hkv, n, d]
+    at::Tensor want = at::zeros({c.hq, c.T, c.d}, at::kDouble);
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < c.T; ++i) {
+        const int64_t p = c.pos0 + i, lo = std::max<int64_t>(0, p - c.window + 1);
+        at::Tensor kk = k[h / g].narrow(0, lo, p - lo + 1), vv = v[h / g].narrow(0, lo, p - lo + 1);
+        at::Tensor w = at::softmax(at::mv(kk, q[h][i]) / std::sqrt(double(c.d)), 0);  // [p - lo + 1]
+        want[h][i].copy_(at::mv(vv.t(), w));
+      }
+    const int threads_before = at::get_num_threads();
+    for (int threads : {1, 3}) {
+      at::set_num_threads(threads);
+      CHECK(max_abs(causal_gqa_attention(q, k, v, c.pos0, c.block, c.window), want) < 1e-12);
+    }
+    at::set_num_threads(threads_before);
+    KVSet kv{k, v, {}, at::arange(n, at::kLong)};
+    AttentionOptions ao;
+    ao.query_pos = at::arange(c.pos0, n, at::kLong);
+    ao.window = c.window;
+    CHECK(max_abs(attention_reference(q, kv, nullptr, ao), want) < 1e-12);
+    CHECK(max_abs(attention(q, kv, nullptr, ao), want) < 1e-12);
+    if (c.window < n) {  // the window changes the result: the test can fail
+      ao.window = 0;
+      CHECK(max_abs(attention(q, kv, nullptr, ao), want) > 1e-3);
+    }
   }
 }
 
@@ -387,6 +430,48 @@ TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, 
       CAPTURE(qkv[i]);
       CHECK(rel_l2(tap.got[1][i], gt(std::string("layer_01_") + qkv[i])) < 1e-5);
     }
+  }
+}
+
+TEST_CASE("sliding-window models match transformers past the window (mistral, qwen2)") {
+  // issue 24: kvlab ignored sliding_window (logits off by 0.81 on mistral_sw8). Prompts of 40
+  // tokens, window 8; qwen2_sw8 slides on layer 1 only (max_window_layers 1). Greedy ids: 8 tokens
+  // decoded one at a time through the exact cache, against transformers' full recompute.
+  const std::string root = test::fixtures_dir() + "/tiny_models";
+  for (const std::string name : {"mistral_sw8", "qwen2_sw8"}) {
+    CAPTURE(name);
+    const std::string dir = root + "/" + name;
+    REQUIRE(fs::exists(dir + "/model.safetensors"));
+    c10::InferenceMode guard;
+    Model m = load_model(dir);
+    nlohmann::json meta = read_json_file(dir + "/expected.json");
+    CHECK(m.config.sliding_window == meta["sliding_window"].get<int64_t>());
+    CHECK(m.config.layer_window(1) == 8);
+    CHECK(m.config.layer_window(0) == (name == "qwen2_sw8" ? 0 : 8));
+    SafetensorsFile exp(dir + "/expected.safetensors");
+    auto gt = [&](const std::string& n) {
+      const TensorView* v = exp.find(n);
+      REQUIRE(v != nullptr);
+      return tensor_from_view(*v, at::kFloat);
+    };
+    const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+    REQUIRE(static_cast<int64_t>(ids.size()) > m.config.sliding_window);
+    RecordTap tap;
+    tap.layers = {1};
+    ExactAttention attn(m.config.n_layers, /*query_block=*/16);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    fo.tap = &tap;
+    at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [40, vocab]
+    const double d = max_abs(logits, gt("logits"));
+    MESSAGE(name << ": max abs logit diff " << d);
+    CHECK(d < 1e-4);
+    const char* qkv[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) CHECK(rel_l2(tap.got[1][i], gt(std::string("layer_01_") + qkv[i])) < 1e-5);
+    GenerateOptions go;
+    go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
+    go.stop_at_eos = false;
+    CHECK(generate_greedy(m, ids, attn, go) == meta["greedy_ids"].get<std::vector<int64_t>>());
   }
 }
 

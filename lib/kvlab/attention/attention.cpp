@@ -19,7 +19,7 @@ at::Tensor per_head_row(const at::Tensor& t, int64_t n_kv_heads) {
 // Scores of grouped queries against one set: qg [Hkv, g*n_q, d] -> [Hkv, g*n_q, n], masked
 // entries -inf. q_pos_g [g*n_q] is the query position of each grouped row.
 at::Tensor set_scores(const at::Tensor& qg, const KVSet& set, double scale, double logit_scale,
-                      const at::Tensor& q_pos_g) {
+                      const at::Tensor& q_pos_g, int64_t window) {
   const int64_t h_kv = set.keys.size(0);
   KVLAB_CHECK(qg.size(0) == h_kv, "attention: queries grouped into {} KV heads but the cache has {}",
               qg.size(0), h_kv);
@@ -28,6 +28,7 @@ at::Tensor set_scores(const at::Tensor& qg, const KVSet& set, double scale, doub
   if (q_pos_g.defined() && set.pos.defined()) {
     auto kp = per_head_row(set.pos, h_kv);                       // [Hkv, 1, n]
     auto masked = kp > q_pos_g.view({1, -1, 1});                  // [Hkv, g*n_q, n]
+    if (window > 0) masked = masked | (kp <= q_pos_g.view({1, -1, 1}) - window);  // sliding window
     s = s.masked_fill(masked, -std::numeric_limits<double>::infinity());
   }
   return s;
@@ -59,7 +60,7 @@ at::Tensor attention_reference(const at::Tensor& q, const KVSet& num, const KVSe
   at::Tensor q_pos_g;
   if (opt.query_pos.defined()) q_pos_g = opt.query_pos.repeat({g});  // [g*n_q]
 
-  auto s_num = set_scores(qg, num, scale, opt.logit_scale, q_pos_g);  // [Hkv, g*n_q, n]
+  auto s_num = set_scores(qg, num, scale, opt.logit_scale, q_pos_g, opt.window);  // [Hkv, g*n_q, n]
   at::Tensor out;
   if (den == nullptr) {
     // Rows with every entry masked (cannot happen for causal caches) would give NaN; guard.
@@ -68,7 +69,7 @@ at::Tensor attention_reference(const at::Tensor& q, const KVSet& num, const KVSe
     auto z = p.sum(-1, true);
     out = at::matmul(p, num.values.to(q.scalar_type())) / z;      // [Hkv, g*n_q, d]
   } else {
-    auto s_den = set_scores(qg, *den, scale, opt.logit_scale, q_pos_g);  // [Hkv, g*n_q, n_den]
+    auto s_den = set_scores(qg, *den, scale, opt.logit_scale, q_pos_g, opt.window);  // [Hkv, g*n_q, n_den]
     auto m = at::maximum(std::get<0>(s_num.max(-1, true)), std::get<0>(s_den.max(-1, true)))
                  .clamp_min(-1e30);
     auto numer = at::matmul((s_num - m).exp(), num.values.to(q.scalar_type()));

@@ -23,6 +23,7 @@ struct KVSet {
 struct AttentionOptions {
   double scale = 0;        // 0 -> 1/sqrt(head_dim)
   at::Tensor query_pos;    // [n_q] int64; a key with pos > query_pos is masked. Undefined = no mask.
+  int64_t window = 0;      // > 0 (with query_pos): a key with pos <= query_pos - window is masked too
   double logit_scale = 1;  // multiplies q·k before bias (BUZZ log n scaling)
 };
 

@@ -15,9 +15,10 @@ class AttentionBackend {
   virtual ~AttentionBackend() = default;
   // q [n_q_heads, T, head_dim] at positions pos0 .. pos0+T-1; k_new, v_new [n_kv_heads, T,
   // head_dim] for those positions. Adds k_new/v_new to the layer's cache and returns the causal
-  // attention output [n_q_heads, T, head_dim] in q's dtype.
+  // attention output [n_q_heads, T, head_dim] in q's dtype. window > 0: the layer's sliding window
+  // (ModelConfig::layer_window): a query at position p sees only keys at positions (p - window, p].
   virtual at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new,
-                            const at::Tensor& v_new, int64_t pos0) = 0;
+                            const at::Tensor& v_new, int64_t pos0, int64_t window) = 0;
   // Forget every cached entry (a new sequence starts at position 0).
   virtual void reset() = 0;
 };

@@ -39,7 +39,8 @@ struct Running {
 // undefined; q_pos_min: the smallest query position (blocks whose keys all sit at or before it
 // need no mask).
 Running accumulate(const at::Tensor& qg, const KVSet& set, const at::Tensor& q_pos_g,
-                   int64_t q_pos_min, bool with_values, int64_t block, at::ScalarType wt) {
+                   int64_t q_pos_min, int64_t window, bool with_values, int64_t block,
+                   at::ScalarType wt) {
   const int64_t h_kv = qg.size(0), rows = qg.size(1), n = set.keys.size(1);
   const auto opts = qg.options();
   Running r;
@@ -71,6 +72,9 @@ Running accumulate(const at::Tensor& qg, const KVSet& set, const at::Tensor& q_p
     if (bias.defined()) s.add_(block_row(bias, b0, bl));
     if (masked && block_max_pos[bi] > q_pos_min)
       s.masked_fill_(block_row(set.pos, b0, bl) > q_pos_g.view({1, rows, 1}),
+                     -std::numeric_limits<double>::infinity());
+    if (masked && window > 0)  // sliding window: keys at or before query - window
+      s.masked_fill_(block_row(set.pos, b0, bl) <= q_pos_g.view({1, rows, 1}) - window,
                      -std::numeric_limits<double>::infinity());
     at::Tensor m_new = at::maximum(r.m, s.amax(-1, /*keepdim=*/true));  // [Hkv, R, 1]
     s.sub_(m_new).exp_();                                               // e^(s − m')
@@ -114,12 +118,12 @@ at::Tensor attention_blocked(const at::Tensor& q, const KVSet& num, const KVSet*
     q_pos_g = opt.query_pos.to(at::kLong).repeat({g});  // [R]
     q_pos_min = opt.query_pos.numel() ? opt.query_pos.min().item<int64_t>() : 0;
   }
-  Running nr = accumulate(qg, num, q_pos_g, q_pos_min, /*with_values=*/true, block, wt);
+  Running nr = accumulate(qg, num, q_pos_g, q_pos_min, opt.window, /*with_values=*/true, block, wt);
   at::Tensor out;  // [Hkv, R, dv]
   if (den == nullptr) {
     out = nr.o / nr.l;
   } else {
-    Running dr = accumulate(qg, *den, q_pos_g, q_pos_min, /*with_values=*/false, block, wt);
+    Running dr = accumulate(qg, *den, q_pos_g, q_pos_min, opt.window, /*with_values=*/false, block, wt);
     at::Tensor m = at::maximum(nr.m, dr.m);
     out = (nr.o * (nr.m - m).exp_()) / (dr.l * (dr.m - m).exp_());
   }

@@ -5,7 +5,8 @@
 // up to rounding; tests/core/test_attention.cpp compares the two.
 //
 // Per KV head and query row, over key blocks b:
-//   s_b = (q · scale·logit_scale) K_bᵀ + bias_b, masked -inf where pos > query_pos
+//   s_b = (q · scale·logit_scale) K_bᵀ + bias_b, masked -inf where pos > query_pos (or, with a
+//         sliding window, pos <= query_pos − window)
 //   m'  = max(m, max_j s_b)     l = l·e^(m−m') + Σ_j e^(s_b − m')     o = o·e^(m−m') + e^(s_b − m') V_b
 // With a separate denominator set, numerator and denominator run their own recurrences and are
 // put on a common max at the end.

@@ -50,7 +50,7 @@ bool causal_attention_parallel() {
 }
 
 at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                int64_t pos0, int64_t query_block) {
+                                int64_t pos0, int64_t query_block, int64_t window) {
   TORCH_INTERNAL_ASSERT(q.dim() == 3 && k.dim() == 3 && v.dim() == 3);
   const int64_t n_q_heads = q.size(0), T = q.size(1);
   const int64_t n_kv_heads = k.size(0), n = k.size(1);
@@ -66,10 +66,13 @@ at::Tensor causal_gqa_attention(const at::Tensor& q, const at::Tensor& k, const 
   auto attend_block = [&](int64_t h, int64_t h_count, int64_t b) {
     const int64_t b0 = b * query_block, bl = std::min(query_block, T - b0);
     const int64_t nk = pos0 + b0 + bl;  // keys visible to the last query of the block
-    KVSet set{k.narrow(0, h, h_count).narrow(1, 0, nk), v.narrow(0, h, h_count).narrow(1, 0, nk), {},
-              pos.narrow(0, 0, nk)};
+    // The oldest key the block's first query still sees under a sliding window.
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, pos0 + b0 - window + 1) : 0;
+    KVSet set{k.narrow(0, h, h_count).narrow(1, k0, nk - k0),
+              v.narrow(0, h, h_count).narrow(1, k0, nk - k0), {}, pos.narrow(0, k0, nk - k0)};
     AttentionOptions opt;
     opt.query_pos = pos.narrow(0, pos0 + b0, bl);  // [bl]
+    opt.window = window;
     out.narrow(0, h * g, h_count * g)
         .narrow(1, b0, bl)
         .copy_(attention_blocked(q.narrow(0, h * g, h_count * g).narrow(1, b0, bl), set, nullptr, opt));
@@ -96,7 +99,7 @@ ExactAttention::ExactAttention(int64_t n_layers, int64_t query_block)
     : cache_(static_cast<size_t>(n_layers)), query_block_(query_block) {}
 
 at::Tensor ExactAttention::attend(int layer, const at::Tensor& q, const at::Tensor& k_new,
-                                  const at::Tensor& v_new, int64_t pos0) {
+                                  const at::Tensor& v_new, int64_t pos0, int64_t window) {
   TORCH_INTERNAL_ASSERT(layer >= 0 && layer < static_cast<int>(cache_.size()));
   LayerCache& c = cache_[layer];
   KVLAB_CHECK(pos0 == c.n, "ExactAttention: layer {} holds {} positions but the forward starts at "
@@ -119,7 +122,8 @@ at::Tensor ExactAttention::attend(int layer, const at::Tensor& q, const at::Tens
   c.k.narrow(1, c.n, T).copy_(k_new);
   c.v.narrow(1, c.n, T).copy_(v_new);
   c.n = need;
-  return causal_gqa_attention(q, c.k.narrow(1, 0, c.n), c.v.narrow(1, 0, c.n), pos0, query_block_);
+  return causal_gqa_attention(q, c.k.narrow(1, 0, c.n), c.v.narrow(1, 0, c.n), pos0, query_block_,
+                              window);
 }
 
 void ExactAttention::reset() {

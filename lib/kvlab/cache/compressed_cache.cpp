@@ -137,10 +137,15 @@ CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : 
 }
 
 at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at::Tensor& k_new,
-                                       const at::Tensor& v_new, int64_t pos0) {
+                                       const at::Tensor& v_new, int64_t pos0, int64_t window) {
   CompressedLayer& l = layers_.at(layer);
   KVLAB_CHECK(pos0 == l.n_positions, "compressed cache: layer {} is at position {} but the forward starts at {}",
               layer, l.n_positions, pos0);
+  KVLAB_CHECK(window <= 0 || pos0 + k_new.size(1) <= window,
+              "compressed cache: layer {} attends through a sliding window of {} tokens and position "
+              "{} lies past it; compressing a sliding-window layer is not supported yet (issue 24): "
+              "use a prompt and --max-new-tokens within the window, or a full-attention model",
+              layer, window, pos0 + k_new.size(1) - 1);
   l.n_positions += k_new.size(1);
   AttentionOptions ao;
   ao.query_pos = at::arange(pos0, pos0 + q.size(1), q.options().dtype(at::kLong));  // [T]

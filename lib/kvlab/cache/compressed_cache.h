@@ -73,9 +73,10 @@ class CompressedAttention : public AttentionBackend {
  public:
   explicit CompressedAttention(std::vector<CompressedLayer> layers);
   // Appends k_new/v_new exactly at pos0 (= the layer's n_positions), then attends causally over
-  // everything held. q [Hq, T, d] -> [Hq, T, d].
+  // everything held. q [Hq, T, d] -> [Hq, T, d]. A sliding window (window > 0) is refused once a
+  // position lies past it: compressed entries have no single position to slide past (issue 24).
   at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
-                    int64_t pos0) override;
+                    int64_t pos0, int64_t window) override;
   // A compressed cache is made from a prefill; it cannot start a new sequence.
   void reset() override;
   const CompressedLayer& layer(int l) const { return layers_.at(l); }

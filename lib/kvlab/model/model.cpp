@@ -76,7 +76,7 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
     v = v.contiguous();
     const int layer = static_cast<int>(l);
     if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, q, k, v);
-    at::Tensor a = attn.attend(layer, q, k, v, pos0);              // [Hq, T, d]
+    at::Tensor a = attn.attend(layer, q, k, v, pos0, cfg.layer_window(l));  // [Hq, T, d]
     a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
     x = x + project(a, w.wo, w.bo);                                 // [T, hidden]
     at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]

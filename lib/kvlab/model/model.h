@@ -4,7 +4,8 @@
 //   per layer:  h = rms_norm(x) ; q,k,v = h W^T (+ b)   q [n_q_heads, T, head_dim], k/v [n_kv_heads, T, head_dim]
 //               q,k = rope(q,k)  (HF rotate-half layout; rope_theta; linear / llama3 scaling)
 //               tap->on_qkv(layer, q, k, v)            (post-RoPE; only the T new positions)
-//               a = attn.attend(layer, q, k, v, pos0)  [n_q_heads, T, head_dim]  (GQA, causal)
+//               a = attn.attend(layer, q, k, v, pos0, window)  [n_q_heads, T, head_dim]  (GQA, causal;
+//                   window: the layer's sliding window, 0 = none)
 //               x = x + a Wo^T ;  x = x + W_down (silu(W_gate h') * W_up h'),  h' = rms_norm(x)
 //   logits = rms_norm(x) W_lm^T                         [T, vocab]  (W_lm = W_embed if tied)
 //

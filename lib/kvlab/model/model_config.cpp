@@ -103,7 +103,7 @@ void ModelConfig::validate(const std::string& source) const {
 }
 
 nlohmann::json ModelConfig::to_json() const {
-  return json{{"architecture", architecture},
+  json j{{"architecture", architecture},
               {"hidden_size", hidden_size},
               {"n_layers", n_layers},
               {"n_q_heads", n_q_heads},
@@ -121,6 +121,8 @@ nlohmann::json ModelConfig::to_json() const {
               {"sliding_window", sliding_window},
               {"bos_token_id", bos_token_id},
               {"eos_token_ids", eos_token_ids}};
+  if (sliding_window > 0) j["window_from_layer"] = window_from_layer;
+  return j;
 }
 
 ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& source) {
@@ -176,8 +178,33 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   KVLAB_CHECK(!get_or<bool>(cfg, "mlp_bias", false, source),
               "{}: mlp_bias=true is not supported", source);
   if (type == "mistral") c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
-  if (type == "qwen2" && get_or<bool>(cfg, "use_sliding_window", false, source))
+  if (type == "qwen2" && get_or<bool>(cfg, "use_sliding_window", false, source)) {
+    // transformers' Qwen2Config: layer i slides when i >= max_window_layers (default 28).
     c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
+    c.window_from_layer = get_or<int64_t>(cfg, "max_window_layers", 28, source);
+  }
+  // transformers >= 4.53 also writes the per-layer kinds; they win over max_window_layers.
+  if (c.sliding_window > 0 && cfg.contains("layer_types") && cfg["layer_types"].is_array()) {
+    const json& kinds = cfg["layer_types"];
+    KVLAB_CHECK(static_cast<int64_t>(kinds.size()) == c.n_layers,
+                "{}: layer_types has {} entries, expected num_hidden_layers = {}", source, kinds.size(),
+                c.n_layers);
+    int64_t first = c.n_layers;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const std::string kind = kinds[l].is_string() ? kinds[l].get<std::string>() : "";
+      KVLAB_CHECK(kind == "full_attention" || kind == "sliding_attention",
+                  "{}: layer_types[{}] must be \"full_attention\" or \"sliding_attention\", found {}",
+                  source, l, kinds[l].dump());
+      if (kind == "sliding_attention" && first == c.n_layers) first = l;
+      KVLAB_CHECK(kind == "sliding_attention" || first == c.n_layers,
+                  "{}: layer_types puts a full-attention layer ({}) after a sliding one ({}); only "
+                  "sliding layers from some layer on are supported yet (issue 24)", source, l, first);
+    }
+    c.window_from_layer = first;
+  }
+  KVLAB_CHECK(c.sliding_window >= 0 && c.window_from_layer >= 0,
+              "{}: sliding_window and max_window_layers must be >= 0, found {} and {}", source,
+              c.sliding_window, c.window_from_layer);
   auto bos = id_list(cfg, "bos_token_id", source);
   c.bos_token_id = bos.empty() ? -1 : bos[0];
   c.eos_token_ids = id_list(cfg, "eos_token_id", source);

@@ -29,11 +29,16 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;           // q/k/v projections carry a bias (qwen2; llama attention_bias)
   bool o_bias = false;             // o_proj carries a bias (llama attention_bias)
-  int64_t sliding_window = 0;      // mistral; 0 = none. Recorded only: forward is full attention.
+  // Sliding-window attention (mistral; qwen2 with use_sliding_window): a query at position p sees
+  // the keys at positions (p - sliding_window, p], as transformers' sliding-window mask. 0 = none.
+  int64_t sliding_window = 0;
+  int64_t window_from_layer = 0;   // layers l >= this slide (qwen2's max_window_layers); others see all
   int64_t bos_token_id = -1;       // -1 = none
   std::vector<int64_t> eos_token_ids;
 
   int64_t group_size() const { return n_q_heads / n_kv_heads; }  // query heads per KV head
+  // The attention window of layer l: sliding_window on a sliding layer, else 0 (full attention).
+  int64_t layer_window(int64_t l) const { return l >= window_from_layer ? sliding_window : 0; }
   // Throws kvlab::Error naming `source` if a field is missing or inconsistent.
   void validate(const std::string& source) const;
   nlohmann::json to_json() const;
