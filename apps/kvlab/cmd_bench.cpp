@@ -54,6 +54,12 @@ double median_seconds(int reps, F&& f) {
 }
 
 void run_attention_bench(const AttentionBenchOptions& o, const nlohmann::json& /*effective*/) {
+  // Bounds first: a zero head count divides by zero, a zero width reaches LibTorch raw.
+  KVLAB_CHECK(o.tokens >= 1 && o.tokens <= (int64_t{1} << 20), "--tokens must be in [1, 1048576], got {}", o.tokens);
+  KVLAB_CHECK(o.q_heads >= 1 && o.q_heads <= 1024, "--q-heads must be in [1, 1024], got {}", o.q_heads);
+  KVLAB_CHECK(o.kv_heads >= 1 && o.kv_heads <= 1024, "--kv-heads must be in [1, 1024], got {}", o.kv_heads);
+  KVLAB_CHECK(o.head_dim >= 1 && o.head_dim <= 4096, "--head-dim must be in [1, 4096], got {}", o.head_dim);
+  KVLAB_CHECK(o.reps <= 10000, "--reps must be <= 10000, got {}", o.reps);
   KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens], got {}", o.queries);
   KVLAB_CHECK(o.reps >= 1, "--reps must be >= 1, got {}", o.reps);
   KVLAB_CHECK(o.matmul_size >= 1 && o.matmul_size <= 16384, "--matmul-size must be in [1, 16384], got {}",

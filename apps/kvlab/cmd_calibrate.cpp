@@ -77,6 +77,9 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
   KVLAB_CHECK(o.samples >= 1, "--samples must be >= 1, got {}", o.samples);
   KVLAB_CHECK(o.threshold > -1 && o.threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", o.threshold);
   KVLAB_CHECK(o.chunk >= 2, "--chunk must be >= 2, got {}", o.chunk);
+  KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
+  KVLAB_CHECK(o.n_sink >= 0 && o.n_sink < o.tokens, "--n-sink must be in [0, --tokens), got {}", o.n_sink);
+  KVLAB_CHECK(o.n_recent >= 0 && o.n_recent < o.tokens, "--n-recent must be in [0, --tokens), got {}", o.n_recent);
   KVLAB_CHECK(o.tokens > o.n_sink + o.n_recent + 1, "--tokens ({}) must exceed --n-sink + --n-recent + 1 = {}",
               o.tokens, o.n_sink + o.n_recent + 1);
   std::ifstream in(o.text, std::ios::binary);

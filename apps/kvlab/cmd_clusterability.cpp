@@ -105,6 +105,12 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
   copt.k_max = o.k_max;
   copt.silhouette_k = o.silhouette_k;
   copt.delta_fractions = o.delta_fractions;
+  // k centres of n points with k >= n are n singletons: a silhouette of 0 that says nothing.
+  for (int s : samples) {
+    const int64_t n_points = strided_positions(cap.sample(s).n_tokens, o.skip_first, o.max_points).numel();
+    KVLAB_CHECK(o.silhouette_k < n_points, "--silhouette-k {} must be below the points scored per head ({} in "
+                "sample {}; see --max-points and --skip-first)", o.silhouette_k, n_points, s);
+  }
 
   RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   nlohmann::json rows = nlohmann::json::array(), qnorms = nlohmann::json::array();

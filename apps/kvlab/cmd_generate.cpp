@@ -180,7 +180,17 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   // Branch settings are checked before the model loads.
   std::vector<MethodSpec> methods;
   std::vector<Budget> budgets;
-  if (!o.method.empty()) {
+  if (o.method.empty()) {  // a branch flag alone would be ignored: the exact cache has no budget
+    const std::pair<bool, const char*> branch_flags[] = {
+        {!o.ratio.empty(), "--ratio"}, {!o.budget.empty(), "--budget"}, {!o.T.empty(), "--T"},
+        {!o.param.empty(), "--param"}, {!o.params.empty(), "--params"}, {o.keep_first != 0, "--keep-first"},
+        {o.keep_last != 0, "--keep-last"}, {o.prefill_only, "--prefill-only"}, {o.preset != "default", "--preset"}};
+    for (const auto& [given, flag] : branch_flags)
+      KVLAB_CHECK(!given, "{} applies to compressed-cache branches: give --method too (without it generate "
+                  "decodes with the exact cache)", flag);
+  } else {
+    KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
+                o.keep_first, o.keep_last);
     KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
     KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
     budgets = budget_settings(o.ratio, o.budget, o.T);

@@ -19,6 +19,7 @@
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/device.h"
+#include "kvlab/core/write_check.h"
 #include "kvlab/core/progress.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
@@ -261,7 +262,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     if (o.kept_out) {
       std::ofstream kf(run.file("kept.jsonl"), std::ios::app);  // a unit's lines once it is done
       kf << kept_lines;
-      KVLAB_CHECK(kf.good(), "{}: write failed", run.file("kept.jsonl"));
+      check_written(kf, run.file("kept.jsonl"));
     }
     // Keep what is done on disk: a crash or Ctrl-C later loses nothing already measured.
     write({{"complete", false}});

@@ -138,3 +138,25 @@ TEST_CASE("kvlab sweep: interrupted + continued == uninterrupted; SLURM jobs + m
   CHECK(out.find("--emit-jobs " + dir + "/mine: holds files kvlab did not write") != std::string::npos);
   CHECK(test::read_file(dir + "/mine/sweep.sbatch") == "my own script\n");
 }
+
+TEST_CASE("sweep: a config path set by two axes is an error naming both (issue 26)") {
+  // Before: the later axis silently won and the rows named the value the earlier one set.
+  using nlohmann::json;
+  auto axes = [](const char* a) {
+    return json::parse(std::string(R"({"name": "t", "command": "replay", "base": {}, "axes": )") + a + "}");
+  };
+  CHECK_THROWS_WITH_AS(parse_sweep(axes(R"([{"key": "ratio", "values": [0.1]}, {"key": "ratio", "values": [0.2]}])"),
+                                   "t.json"),
+                       doctest::Contains("t.json: axes[0] and axes[1] both set 'ratio'"), kvlab::Error);
+  CHECK_THROWS_WITH_AS(
+      parse_sweep(axes(R"([{"key": "params.buzz.stride", "values": [3]},
+                            {"name": "layout", "values": [{"params.buzz.stride": 5, "label.x": 1}]}])"),
+                  "t.json"),
+      doctest::Contains("axes[0] and axes[1] both set 'params.buzz.stride'"), kvlab::Error);
+  CHECK_THROWS_WITH_AS(parse_sweep(axes(R"([{"name": "a", "values": [{"ratio": 0.1}]},
+                                            {"name": "a", "values": [{"budget": 3}]}])"),
+                                   "t.json"),
+                       doctest::Contains("axes[0] and axes[1] both set 'name:a'"), kvlab::Error);
+  // One name axis setting a path in several of its values is fine.
+  CHECK(parse_sweep(axes(R"([{"name": "a", "values": [{"ratio": 0.1}, {"ratio": 0.2}]}])"), "t.json").axes.size() == 1);
+}

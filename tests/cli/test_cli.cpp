@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -738,10 +739,39 @@ TEST_CASE("cli: resume redoes predictions made from other settings or records; d
   // Before: --overwrite with another --max-new-tokens kept the 8-token predictions.
   r = run_kvlab(niah + " --max-new-tokens 4 --overwrite");
   REQUIRE_MESSAGE(r.code == 0, r.out);
-  CHECK_MESSAGE(r.out.find("made from another record or setting; running them again") != std::string::npos, r.out);
+  CHECK_MESSAGE(r.out.find("made from another record, setting or model; running them again") != std::string::npos, r.out);
   const auto now = generated();
   CHECK(now.size() == 2);  // exact and h2o, one line each
   for (int64_t g : now) CHECK(g <= 4);
+  // Predictions of another model (its model_key differs) are redone; lines from before model_key
+  // existed are reused. Before, the model was in neither key.
+  auto rewrite_keys = [&](const std::function<void(nlohmann::json&)>& edit) {
+    for (const auto& e : fs::recursive_directory_iterator(dir + "/n/pred"))
+      if (e.path().extension() == ".jsonl") {
+        std::vector<nlohmann::json> lines;
+        {
+          std::ifstream f(e.path());
+          for (std::string line; std::getline(f, line);)
+            if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+        }
+        std::ofstream f(e.path(), std::ios::trunc);
+        for (auto& l : lines) {
+          edit(l);
+          f << l.dump() << "\n";
+        }
+      }
+  };
+  rewrite_keys([](nlohmann::json& l) {
+    CHECK(l.contains("model_key"));
+    l.erase("model_key");
+  });
+  r = run_kvlab(niah + " --max-new-tokens 4 --overwrite");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("running them again") == std::string::npos, r.out);
+  rewrite_keys([](nlohmann::json& l) { l["model_key"] = "0123456789abcdef"; });
+  r = run_kvlab(niah + " --max-new-tokens 4 --overwrite");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK_MESSAGE(r.out.find("made from another record, setting or model; running them again") != std::string::npos, r.out);
 
   // Two LongBench records with one _id: before, one prediction was written and two counted.
   fs::create_directories(dir + "/lb");
@@ -842,4 +872,38 @@ TEST_CASE("cli: non-finite and nonsensical numbers are one-line errors (issue 26
   check_one_error(run_kvlab("bench attention --matmul-size 0"), "--matmul-size must be in [1, 16384], got 0");
   check_one_error(run_kvlab("tsne --capture x.h5 --learning-rate nan"), "--learning-rate must be a finite number");
   check_one_error(run_kvlab("tsne --capture x.h5 --learning-rate -1"), "--learning-rate must be > 0, or 0 for auto");
+}
+
+TEST_CASE("cli: bounds that reached LibTorch raw, ignored branch flags and empty silhouettes are one-line errors (issue 26)") {
+  // Before: calibrate --n-recent -1 and bench attention --head-dim 0 printed LibTorch's own message
+  // ("start (16) + length (49) exceeds dimension size", "max(): Expected reduction dim"); generate
+  // without --method ran the exact cache ignoring --ratio; --keep-first -2 failed after the
+  // prefill; clusterability --silhouette-k >= the points scored 0.000 (n singletons).
+  check_one_error(run_kvlab("bench attention --head-dim 0"), "--head-dim must be in [1, 4096], got 0");
+  check_one_error(run_kvlab("bench attention --kv-heads 0"), "--kv-heads must be in [1, 1024], got 0");
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (fs::exists(model + "/model.safetensors")) {
+    auto dir = test::temp_dir("kvlab_cli_bounds");
+    check_one_error(run_kvlab("calibrate chelsea --model " + model + " --text " + test::shared_dir() +
+                              "/data/wikitext2/wiki.test.raw --samples 1 --tokens 64 --n-recent -1 --out " + dir +
+                              "/c.json"),
+                    "--n-recent must be in [0, --tokens), got -1");
+    CHECK_FALSE(fs::exists(dir + "/c.json"));
+    for (const char* method : {"", " --method ''"})
+      check_one_error(run_kvlab("generate --model " + model + " --prompt 'Once upon' --max-new-tokens 2 --ratio 0.5" +
+                                method),
+                      "--ratio applies to compressed-cache branches: give --method too");
+    check_one_error(run_kvlab("generate --model " + model + " --prompt 'Once upon' --max-new-tokens 2 --keep-first 3"),
+                    "--keep-first applies to compressed-cache branches");
+    check_one_error(run_kvlab("generate --model " + model +
+                              " --prompt 'Once upon' --max-new-tokens 2 --method h2o --ratio 0.5 --keep-first -2"),
+                    "--keep-first and --keep-last must be >= 0, got -2 and 0");
+  } else {
+    MESSAGE("skipped the stories260K cases: not found (set KVLAB_SHARED)");
+  }
+  auto dir = test::temp_dir("kvlab_cli_silhouette");
+  const std::string cap = small_capture(dir);  // 200 tokens per sample
+  check_one_error(run_kvlab("clusterability --capture " + cap + " --silhouette-k 100000 --out " + dir + "/c"),
+                  "--silhouette-k 100000 must be below the points scored per head (200 in sample 0");
+  CHECK_FALSE(fs::exists(dir + "/c"));
 }

@@ -1,11 +1,14 @@
 // Config files standing in for flags: overrides, unknown keys, wrong types.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 #include "kvlab/core/text.h"
+#include "kvlab/core/write_check.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -50,4 +53,20 @@ TEST_CASE("flag value parsers") {
   CHECK_THROWS_WITH_AS(parse_queries_spec("first:3", 100, "--queries"), doctest::Contains("--queries"), Error);
   CHECK(closest_match("chelsa", {"chelsea", "h2o", "snapkv"}) == "chelsea");
   CHECK(closest_match("zzzzzz", {"chelsea", "h2o"}) == "");
+}
+
+TEST_CASE("check_written names why a write failed: a full disk says so (issue 26)") {
+  // Before: a full disk during prediction writes said only "write failed". /dev/full fails every
+  // write with ENOSPC, as a full file system does.
+  if (!std::filesystem::exists("/dev/full")) {
+    MESSAGE("skipped: no /dev/full");
+    return;
+  }
+  std::ofstream f("/dev/full");
+  f << "{\"id\": \"r1\"}\n";  // buffered: the failure shows only at the flush
+  CHECK_THROWS_WITH_AS(kvlab::check_written(f, "pred/exact/x.jsonl"),
+                       "pred/exact/x.jsonl: write failed (No space left on device)", kvlab::Error);
+  std::ostringstream ok;
+  ok << "fine\n";
+  CHECK_NOTHROW(kvlab::check_written(ok, "memory"));
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
@@ -73,6 +74,12 @@ SweepSpec parse_sweep(const nlohmann::json& j, const std::string& source) {
   KVLAB_CHECK(j.contains("axes") && j["axes"].is_array() && !j["axes"].empty(),
               "{}: 'axes' must be a non-empty list of {{\"key\": ..., \"values\": [...]}} or {{\"name\": ..., "
               "\"values\": [{{...}}]}}", source);
+  std::map<std::string, size_t> set_by;  // config path or label column -> the axis that sets it
+  auto claim = [&](const std::string& path, size_t i) {
+    const auto [it, fresh] = set_by.emplace(path, i);
+    KVLAB_CHECK(fresh || it->second == i, "{}: axes[{}] and axes[{}] both set '{}' (the later would silently "
+                "win; put the values in one axis)", source, it->second, i, path);
+  };
   for (size_t i = 0; i < j["axes"].size(); ++i) {
     const auto& a = j["axes"][i];
     const std::string where = fmt::format("{}: axes[{}]", source, i);
@@ -88,9 +95,12 @@ SweepSpec parse_sweep(const nlohmann::json& j, const std::string& source) {
       if (!axis.name.empty()) {
         KVLAB_CHECK(v.is_object() && !v.empty(), "{}: each value of a 'name' axis is an object of config paths "
                     "(and label.X columns), found {}", where, v.dump());
+        for (const auto& [path, _] : v.items()) claim(path, i);
       }
       axis.values.push_back(v);
     }
+    if (!axis.key.empty()) claim(axis.key, i);
+    else claim("name:" + axis.name, i);  // two axes of one name would give one column
     s.axes.push_back(std::move(axis));
   }
   return s;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "kvlab/core/check.h"
 #include "kvlab/tasks/prompt_split.h"
@@ -91,6 +92,10 @@ TaskRecord longbench_task_record(const PromptRecord& rec, const ModelSource& src
   r.max_new_tokens = max_new_tokens;
   if (rec.dataset == "samsum") r.stop = {"\n"};
   json all_classes = rec.extra.contains("all_classes") ? rec.extra["all_classes"] : json(nullptr);
+  KVLAB_CHECK((all_classes.is_array() && !all_classes.empty()) ||
+                  eval::longbench_metric_name(rec.dataset) != "classification_score",
+              "{} record '{}': dataset {} is scored against 'all_classes' (classification_score), which is null or "
+              "empty", rec.dataset, rec.id, rec.dataset);
   r.gold = {{"answers", rec.answers}, {"all_classes", all_classes}, {"raw_prompt_tokens", ids.size()}};
   if (truncated_from > 0) r.gold["truncated_from"] = truncated_from;
   if (rec.extra.contains("length")) r.gold["length"] = rec.extra["length"];
@@ -110,6 +115,14 @@ std::vector<std::string> strings_of(const json& j, const std::string& where, con
   return out;
 }
 
+// trec and lsht are scored against their label set: eval.py fails on a null one (it iterates
+// it), kvlab used to score every line 0.
+void check_classes(const std::string& dataset, const std::vector<std::string>& classes, const std::string& where) {
+  KVLAB_CHECK(!classes.empty() || eval::longbench_metric_name(dataset) != "classification_score",
+              "{}: dataset {} is scored against 'all_classes' (classification_score), which is null or empty",
+              where, dataset);
+}
+
 }  // namespace
 
 TaskSpec longbench_task(const std::string& dataset) {
@@ -119,6 +132,7 @@ TaskSpec longbench_task(const std::string& dataset) {
   t.score = [dataset](const std::string& output, const json& gold) {
                     const auto answers = strings_of(gold.at("answers"), dataset, "answers");
                     const auto classes = strings_of(gold.value("all_classes", json(nullptr)), dataset, "all_classes");
+                    check_classes(dataset, classes, "the record's gold");
                     json s = {{"score", eval::longbench_record_score(dataset, output, answers, classes)},
                               {"pred", output},
                               {"answers", gold.at("answers")},
@@ -137,6 +151,7 @@ json longbench_eval_folder(const std::string& folder, bool e) {
   std::sort(files.begin(), files.end());
   KVLAB_CHECK(!files.empty(), "'{}' holds no .jsonl prediction files", folder);
   json scores = json::object();
+  std::map<std::string, fs::path> file_of;  // dataset -> the file scored for it
   for (const auto& path : files) {
     const std::string name = path.filename().string();
     const std::string dataset = name.substr(0, name.find('.'));  // eval.py: filename.split('.')[0]
@@ -144,6 +159,10 @@ json longbench_eval_folder(const std::string& folder, bool e) {
     KVLAB_CHECK(std::find(known.begin(), known.end(), dataset) != known.end(),
                 "{}: '{}' is not a LongBench dataset (eval.py names the dataset by the file name)", path.string(),
                 dataset);
+    // eval.py would score both and keep the later: multi_news.old.jsonl over multi_news.jsonl.
+    const auto [seen, fresh] = file_of.emplace(dataset, path);
+    KVLAB_CHECK(fresh, "{} and {} both name dataset {} (the file name up to its first '.'); move one out of {}",
+                seen->second.filename().string(), name, dataset, folder);
     std::vector<std::string> preds;
     std::vector<std::vector<std::string>> answers;
     std::vector<int64_t> lengths;
@@ -166,6 +185,10 @@ json longbench_eval_folder(const std::string& folder, bool e) {
         lengths.push_back(d["length"].get<int64_t>());
       }
     }
+    // No lines: a shard that drew none of the dataset's records. No score (eval.py would divide by
+    // zero), the dataset is left out of the table.
+    if (preds.empty()) continue;
+    check_classes(dataset, all_classes, path.string() + " (its last line)");
     if (e) {
       KVLAB_CHECK(lengths.size() == preds.size(), "{}: --e needs 'length' on every line", path.string());
       const auto b = eval::scorer_e(dataset, preds, answers, lengths, all_classes);

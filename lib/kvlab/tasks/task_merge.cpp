@@ -1,5 +1,6 @@
 #include "kvlab/tasks/task_merge.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -7,6 +8,7 @@
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
+#include "kvlab/core/write_check.h"
 #include "kvlab/tasks/task_runner.h"
 
 namespace kvlab {
@@ -25,7 +27,12 @@ json merge_task_rows(const std::vector<json>& shard_rows) {
     }
   json out = json::array();
   for (const auto& key : order) {
-    const auto& parts = groups[key];
+    // A shard that drew none of a dataset's records has a row with n = 0 and no memory columns:
+    // it adds nothing (when every shard's row is empty, the first stands).
+    std::vector<json> parts;
+    for (const auto& r : groups[key])
+      if (r.at("n").get<double>() > 0) parts.push_back(r);
+    if (parts.empty()) parts.push_back(groups[key].front());
     double n = 0;
     for (const auto& r : parts) n += r.at("n").get<double>();
     json m = parts.front();
@@ -33,7 +40,11 @@ json merge_task_rows(const std::vector<json>& shard_rows) {
     m["record_scores"] = json::object();
     for (auto it = m.begin(); it != m.end(); ++it) {
       if (it.key() == "n" || it.key() == "record_scores" || it.key() == "mem") continue;  // mem: marked again below
-      if (it.value().is_number_float() || (it.value().is_number() && it.key() != "n")) {
+      const bool same_integer =
+          it.value().is_number_integer() &&
+          std::all_of(parts.begin(), parts.end(), [&](const json& r) { return r.value(it.key(), json()) == it.value(); });
+      if (same_integer) continue;  // a setting (keep_first): stays an integer
+      if (it.value().is_number()) {
         double s = 0;
         for (const auto& r : parts) s += r.at(it.key()).get<double>() * r.at("n").get<double>();
         it.value() = n > 0 ? s / n : 0.0;
@@ -125,7 +136,7 @@ int merge_task_preds(const std::vector<std::string>& shard_dirs, const std::stri
         if (j < l.size()) out << l[j] << "\n", any = true;
       if (!any) break;
     }
-    KVLAB_CHECK(out.good(), "{}: write failed", dst.string());
+    check_written(out, dst.string());
   }
   return int(rel.size());
 }
@@ -151,7 +162,7 @@ void refresh_task_fidelity(const std::string& run_dir, json& rows) {
     }
     std::ofstream f(file, std::ios::trunc);
     for (const auto& l : lines) f << l.dump() << "\n";
-    KVLAB_CHECK(f.good(), "{}: write failed", file.string());
+    check_written(f, file.string());
     const double n = std::max<double>(1.0, double(lines.size()));
     row["same_as_exact"] = same / n;
     row["rougeL_vs_exact"] = rouge / n;

@@ -14,6 +14,7 @@
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/sha256.h"
+#include "kvlab/core/write_check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
 #include "kvlab/eval/metrics/unicode.h"
 #include "kvlab/generate/branches.h"
@@ -69,6 +70,13 @@ std::string prediction_key(const TaskRecord& r, const TaskBranch& b, const TaskO
                             {"method", b.method.describe(opt.keep_first, opt.keep_last)},
                             {"seed", opt.seed},
                             {"protocol", opt.protocol.to_json()}};
+  return sha256_hex(j.dump()).substr(0, 16);
+}
+
+// The model a prediction was made with: its resolved id, its config and its parameter count. A
+// separate field from input_key, so that predictions made before it existed keep their keys.
+std::string model_key(const Model& model) {
+  const nlohmann::json j = {{"id", model.id}, {"config", model.config.to_json()}, {"parameters", n_parameters(model)}};
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
@@ -192,6 +200,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   }
   // A line made from other inputs or settings (a dataset edited in place, another --max-new-tokens
   // with --overwrite, ...) is redone, never reused; lines written before keys existed are kept.
+  const std::string model_k = model_key(model);
   for (size_t i = 0; i < branches.size(); ++i) {
     int64_t redone = 0, unkeyed = 0;
     for (const auto& r : records) {
@@ -199,13 +208,14 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       if (it == done[i].end()) continue;
       if (!it->second.contains("input_key")) {
         ++unkeyed;
-      } else if (it->second["input_key"] != prediction_key(r, branches[i], opt)) {
+      } else if (it->second["input_key"] != prediction_key(r, branches[i], opt) ||
+                 it->second.value("model_key", model_k) != model_k) {
         done[i].erase(it);
         ++redone;
       }
     }
     if (redone)
-      fmt::print(stderr, "[resume] {}: {} of its predictions were made from another record or setting; running "
+      fmt::print(stderr, "[resume] {}: {} of its predictions were made from another record, setting or model; running "
                  "them again\n", files[i], redone);
     if (unkeyed)
       fmt::print(stderr, "[resume] {}: {} predictions carry no input_key (made before kvlab checked them); reused "
@@ -216,7 +226,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     std::ofstream f(files[i], std::ios::trunc);
     for (const auto& r : records)
       if (auto it = done[i].find(r.id); it != done[i].end()) f << it->second.dump() << "\n";
-    KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
+    check_written(f, files[i]);
   }
   std::vector<const Compressor*> compressors;
   for (const auto& b : branches) compressors.push_back(b.method.compressor.get());
@@ -276,7 +286,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       if (i == 0) exact_out = out;
       nlohmann::json line = {{"id", r.id}, {"prompt_tokens", r.prompt.size()}, {"output", out}, {"gold", r.gold},
                              {"generated_tokens", br.ids.size()},
-                             {"input_key", prediction_key(r, branches[i], opt)}};
+                             {"input_key", prediction_key(r, branches[i], opt)},
+                             {"model_key", model_k}};
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
       line["context_len"] = r.context_len;  // prompt[0, context_len) is the context (--protocol context)
@@ -293,8 +304,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                         (i == 0 ? pre.seconds : 0.0);
       std::ofstream f(files[i], std::ios::app);
       f << line.dump() << "\n";
-      f.flush();
-      KVLAB_CHECK(f.good(), "{}: write failed", files[i]);
+      check_written(f, files[i]);
       done[i][r.id] = line;
     }
     if (!opt.kept_dir.empty()) {
@@ -306,7 +316,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       std::ofstream f(dir / (name + ".json"));
       f << nlohmann::json{{"record", r.id}, {"protocol", opt.protocol.to_json()}, {"branches", kept_branches}}.dump()
         << "\n";
-      KVLAB_CHECK(f.good(), "{}: write failed", (dir / (name + ".json")).string());
+      check_written(f, (dir / (name + ".json")).string());
     }
     if (opt.progress) opt.progress(++finished, int64_t(records.size()), r.id, false);
   }
