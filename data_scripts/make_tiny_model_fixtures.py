@@ -10,8 +10,9 @@ Cases cover what SmolLM2 and stories260K do not: qwen2 (q/k/v bias, untied lm_he
 attention_bias, an explicit head_dim != hidden/heads and llama3 rope scaling, llama with linear
 rope scaling, mistral; and sliding-window attention (issue 24) with prompts longer than the window:
 mistral with sliding_window 8 on 40 tokens, qwen2 with use_sliding_window (window 8, layer 1
-slides, layer 0 does not: max_window_layers 1). The sliding-window cases also write `greedy_ids`:
-8 greedy tokens after the prompt, each chosen by a full forward over everything so far (no cache).
+slides, layer 0 does not: max_window_layers 1); qwen3 (q/k norms, explicit head_dim). The cases
+with their own seed also write `greedy_ids`: 8 greedy tokens after the prompt, each chosen by a
+full forward over everything so far (no cache).
 
 Usage: /opt/kvlab-py/bin/python data_scripts/make_tiny_model_fixtures.py [CASE ...]
   (no CASE: every case; the first four draw from one seed in order, the later ones seed their own)
@@ -44,8 +45,46 @@ CASES = {
                     40, 8),
     "qwen2_sw8": ("qwen2", dict(rope_theta=1000000.0, tie_word_embeddings=False, use_sliding_window=True,
                                 sliding_window=8, max_window_layers=1), 40, 9),
+    # qwen3: per-head q/k RMSNorm before RoPE, explicit head_dim (16, not 48 / 6)
+    "qwen3": ("qwen3", dict(head_dim=16, rope_theta=1000000.0, tie_word_embeddings=False), 37, 10),
 }
 GREEDY = 8
+GGUF_CASES = {"qwen3"}  # also written as model.gguf (F32, llama.cpp names) by gguf-py
+
+
+def write_gguf(path, model_type, cfg, state):
+    """The HF weights under llama.cpp's tensor names and <arch>.* keys (qwen3: no q/k permutation)."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), model_type)
+    hd = cfg.head_dim
+    w.add_uint32(f"{model_type}.embedding_length", cfg.hidden_size)
+    w.add_uint32(f"{model_type}.block_count", cfg.num_hidden_layers)
+    w.add_uint32(f"{model_type}.attention.head_count", cfg.num_attention_heads)
+    w.add_uint32(f"{model_type}.attention.head_count_kv", cfg.num_key_value_heads)
+    w.add_uint32(f"{model_type}.attention.key_length", hd)
+    w.add_uint32(f"{model_type}.attention.value_length", hd)
+    w.add_uint32(f"{model_type}.rope.dimension_count", hd)
+    w.add_uint32(f"{model_type}.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32(f"{model_type}.context_length", cfg.max_position_embeddings)
+    w.add_float32(f"{model_type}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(f"{model_type}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+                 "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                 "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+                 "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+                 "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in per_layer.items():
+            names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+    for hf, gg in names.items():
+        w.add_tensor(gg, state[hf].detach().float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def main():
@@ -76,7 +115,7 @@ def main():
                 p.copy_(torch.randn_like(p) * 0.2 if p.dim() > 1 else 1 + 0.1 * torch.randn_like(p))
         model.save_pretrained(d, safe_serialization=True)
         for f in os.listdir(d):
-            if f not in ("config.json", "model.safetensors"):
+            if f not in ("config.json", "model.safetensors", "model.gguf"):
                 os.remove(os.path.join(d, f))
         ids = torch.randint(3, BASE["vocab_size"], (1, t))
         ids[0, 0] = 1
@@ -94,6 +133,8 @@ def main():
             h = got["h"]
             q = attn.q_proj(h).view(1, t, -1, hd).transpose(1, 2)
             k = attn.k_proj(h).view(1, t, -1, hd).transpose(1, 2)
+            if hasattr(attn, "q_norm"):  # qwen3: RMSNorm over head_dim before RoPE
+                q, k = attn.q_norm(q), attn.k_norm(k)
             v = attn.v_proj(h).view(1, t, -1, hd).transpose(1, 2)
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
             cos, sin = got["pe"]
@@ -109,7 +150,9 @@ def main():
                     nxt = model(seq, use_cache=False).logits[0, -1].argmax()
                     seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
             expected["greedy_ids"] = seq[0, t:].tolist()
-            expected["sliding_window"] = extra["sliding_window"]
+            expected["sliding_window"] = extra.get("sliding_window")
+        if name in GGUF_CASES:
+            write_gguf(os.path.join(d, "model.gguf"), model_type, cfg, model.state_dict())
         with open(os.path.join(d, "expected.json"), "w") as f:
             json.dump(expected, f)
             f.write("\n")

@@ -16,7 +16,7 @@ bool is_reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16;
 
 // HF LlamaRMSNorm: normalise in float32 (or wider), then cast back and scale by the weight.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  // x [T, hidden], w [hidden]
+  // x [..., width], w [width]
   at::Tensor xf = is_reduced(x.scalar_type()) ? x.to(at::kFloat) : x;
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);  // [T, 1]
   at::Tensor y = xf * at::rsqrt(var + eps);
@@ -70,6 +70,10 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
       q = project(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);            // [Hq, T, d]
       k = project(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
       v = project(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+    }
+    if (w.q_norm.defined()) {  // qwen3: RMSNorm over head_dim, each head and position
+      q = rms_norm(q, w.q_norm, cfg.rms_norm_eps);  // [Hq, T, d]
+      k = rms_norm(k, w.k_norm, cfg.rms_norm_eps);  // [Hkv, T, d]
     }
     q = apply_rope(q, cos, sin);  // [Hq, T, d] contiguous
     k = apply_rope(k, cos, sin);  // [Hkv, T, d] contiguous
@@ -125,7 +129,7 @@ int64_t n_parameters(const Model& model) {
   if (!w.lm_head.is_same(w.tok_embd)) n += w.lm_head.numel();
   for (const auto& l : w.layers)
     for (const at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm})
+                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm})
       if (t->defined()) n += t->numel();
   return n;
 }

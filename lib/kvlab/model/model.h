@@ -1,7 +1,8 @@
-// The Llama-family forward pass (llama, mistral, qwen2, SmolLM2) in ATen, batch size 1.
+// The Llama-family forward pass (llama, mistral, qwen2, qwen3, SmolLM2) in ATen, batch size 1.
 //
 //   x = embed(tokens)                                   [T, hidden]
 //   per layer:  h = rms_norm(x) ; q,k,v = h W^T (+ b)   q [n_q_heads, T, head_dim], k/v [n_kv_heads, T, head_dim]
+//               q,k = rms_norm(q) , rms_norm(k) over head_dim, per head (qwen3 only)
 //               q,k = rope(q,k)  (HF rotate-half layout; rope_theta; linear / llama3 scaling)
 //               tap->on_qkv(layer, q, k, v)            (post-RoPE; only the T new positions)
 //               a = attn.attend(layer, q, k, v, pos0, window)  [n_q_heads, T, head_dim]  (GQA, causal;
@@ -41,6 +42,8 @@ struct LayerWeights {
   at::Tensor w_down;     // [hidden, intermediate]
   at::Tensor attn_norm;  // [hidden]
   at::Tensor ffn_norm;   // [hidden]
+  at::Tensor q_norm;     // [head_dim] qwen3's per-head q RMSNorm, or undefined
+  at::Tensor k_norm;     // [head_dim] qwen3's per-head k RMSNorm, or undefined
   // Fused projections, one GEMM each (set by the loader): wq, wk, wv are row views into wqkv and
   // w_gate, w_up into w_gate_up, so the fused weights cost no memory.
   at::Tensor wqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim, hidden]

@@ -82,7 +82,7 @@ int64_t checked_size(int64_t v, const std::string& key, int64_t hi, const std::s
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"llama", "mistral", "qwen2"};
+  static const std::vector<std::string> names = {"llama", "mistral", "qwen2", "qwen3"};
   return names;
 }
 
@@ -122,6 +122,7 @@ nlohmann::json ModelConfig::to_json() const {
               {"bos_token_id", bos_token_id},
               {"eos_token_ids", eos_token_ids}};
   if (sliding_window > 0) j["window_from_layer"] = window_from_layer;
+  if (qk_norm) j["qk_norm"] = true;
   return j;
 }
 
@@ -135,6 +136,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     if (a == "LlamaForCausalLM") type = "llama";
     if (a == "MistralForCausalLM") type = "mistral";
     if (a == "Qwen2ForCausalLM") type = "qwen2";
+    if (a == "Qwen3ForCausalLM") type = "qwen3";
   }
   bool known = false;
   for (const auto& a : supported_architectures()) known = known || a == type;
@@ -172,14 +174,15 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", false, source);
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "qwen3") {
     c.qkv_bias = c.o_bias = get_or<bool>(cfg, "attention_bias", false, source);
   }
+  c.qk_norm = type == "qwen3";
   KVLAB_CHECK(!get_or<bool>(cfg, "mlp_bias", false, source),
               "{}: mlp_bias=true is not supported", source);
   if (type == "mistral") c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
-  if (type == "qwen2" && get_or<bool>(cfg, "use_sliding_window", false, source)) {
-    // transformers' Qwen2Config: layer i slides when i >= max_window_layers (default 28).
+  if ((type == "qwen2" || type == "qwen3") && get_or<bool>(cfg, "use_sliding_window", false, source)) {
+    // transformers' Qwen2Config / Qwen3Config: layer i slides when i >= max_window_layers (default 28).
     c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
     c.window_from_layer = get_or<int64_t>(cfg, "max_window_layers", 28, source);
   }
@@ -220,8 +223,8 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
                                    int64_t n_vocab_fallback) {
   KVLAB_CHECK(md.is_object(), "{}: GGUF metadata must be an object", source);
   const std::string arch = get_required<std::string>(md, "general.architecture", source);
-  KVLAB_CHECK(arch == "llama" || arch == "qwen2",
-              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2; "
+  KVLAB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
+              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2, qwen3; "
               "mistral GGUFs use 'llama')",
               source, arch);
   auto key = [&](const std::string& k) { return arch + "." + k; };
@@ -259,6 +262,7 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
                 source, key("rope.scaling.type"), scaling);
   }
   c.qkv_bias = arch == "qwen2";
+  c.qk_norm = arch == "qwen3";
   c.tie_word_embeddings = false;  // the loader sets it when output.weight is absent
   c.bos_token_id = get_or<int64_t>(md, "tokenizer.ggml.bos_token_id", -1, source);
   const int64_t eos = get_or<int64_t>(md, "tokenizer.ggml.eos_token_id", -1, source);

@@ -1,4 +1,4 @@
-// Hyperparameters of a Llama-family model (llama, mistral, qwen2; SmolLM2 is a llama), read from a
+// Hyperparameters of a Llama-family model (llama, mistral, qwen2, qwen3; SmolLM2 is a llama), read from a
 // Hugging Face `config.json` or from GGUF metadata (`<arch>.*` keys). Names follow the kvlab
 // vocabulary: n_layers, n_q_heads, n_kv_heads, head_dim.
 #pragma once
@@ -14,7 +14,7 @@
 namespace kvlab {
 
 struct ModelConfig {
-  std::string architecture;        // "llama", "mistral", "qwen2"
+  std::string architecture;        // "llama", "mistral", "qwen2", "qwen3"
   int64_t hidden_size = 0;
   int64_t n_layers = 0;
   int64_t n_q_heads = 0;
@@ -28,7 +28,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;           // q/k/v projections carry a bias (qwen2; llama attention_bias)
-  bool o_bias = false;             // o_proj carries a bias (llama attention_bias)
+  bool o_bias = false;             // o_proj carries a bias (llama, qwen3 attention_bias)
+  bool qk_norm = false;            // q and k RMS-normalised per head before RoPE (qwen3)
   // Sliding-window attention (mistral; qwen2 with use_sliding_window): a query at position p sees
   // the keys at positions (p - sliding_window, p], as transformers' sliding-window mask. 0 = none.
   int64_t sliding_window = 0;

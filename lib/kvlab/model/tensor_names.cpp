@@ -27,6 +27,8 @@ const std::vector<TensorNameRow>& tensor_name_table() {
       {R::ffn_down,   "model.layers.{}.mlp.down_proj.weight",          "blk.{}.ffn_down.weight"},
       {R::attn_norm,  "model.layers.{}.input_layernorm.weight",        "blk.{}.attn_norm.weight"},
       {R::ffn_norm,   "model.layers.{}.post_attention_layernorm.weight", "blk.{}.ffn_norm.weight"},
+      {R::attn_q_norm, "model.layers.{}.self_attn.q_norm.weight",      "blk.{}.attn_q_norm.weight"},
+      {R::attn_k_norm, "model.layers.{}.self_attn.k_norm.weight",      "blk.{}.attn_k_norm.weight"},
   };
   // clang-format on
   return t;
@@ -57,6 +59,8 @@ bool layer_role_present(TensorRole role, const ModelConfig& c) {
     case TensorRole::bias_k:
     case TensorRole::bias_v: return c.qkv_bias;
     case TensorRole::bias_o: return c.o_bias;
+    case TensorRole::attn_q_norm:
+    case TensorRole::attn_k_norm: return c.qk_norm;
     default: return true;
   }
 }
@@ -76,6 +80,8 @@ at::Tensor& layer_slot(LayerWeights& l, TensorRole role) {
     case TensorRole::ffn_down: return l.w_down;
     case TensorRole::attn_norm: return l.attn_norm;
     case TensorRole::ffn_norm: return l.ffn_norm;
+    case TensorRole::attn_q_norm: return l.q_norm;
+    case TensorRole::attn_k_norm: return l.k_norm;
     default: KVLAB_FAIL("tensor role {} is not a per-layer tensor", int(role));
   }
 }

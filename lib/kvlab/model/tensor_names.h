@@ -20,7 +20,7 @@ enum class TensorRole {
   tok_embd, out_norm, lm_head, rope_freqs,
   // per layer
   attn_q, attn_k, attn_v, attn_o, bias_q, bias_k, bias_v, bias_o,
-  ffn_gate, ffn_up, ffn_down, attn_norm, ffn_norm,
+  ffn_gate, ffn_up, ffn_down, attn_norm, ffn_norm, attn_q_norm, attn_k_norm,
 };
 
 struct TensorNameRow {

@@ -75,7 +75,7 @@ void finish_model(Model& m, const ModelLoadOptions& opt) {
   if (tied) w.lm_head = w.tok_embd; else to(w.lm_head);
   for (auto& l : w.layers)
     for (at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                          &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm})
+                          &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm})
       to(*t);
   for (auto& l : w.layers) fuse_projections(l);
   m.inv_freq = rope_inv_freq(m.config, w.rope_freqs).to(opt.device);
@@ -102,6 +102,10 @@ void check_layer(const ModelConfig& c, const LayerWeights& l, int64_t i, const s
   expect_shape(l.w_down, {H, c.intermediate_size}, p + "down weight");
   expect_shape(l.attn_norm, {H}, p + "attention norm");
   expect_shape(l.ffn_norm, {H}, p + "ffn norm");
+  if (c.qk_norm) {
+    expect_shape(l.q_norm, {c.head_dim}, p + "q norm");
+    expect_shape(l.k_norm, {c.head_dim}, p + "k norm");
+  }
 }
 
 }  // namespace
