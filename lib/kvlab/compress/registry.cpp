@@ -30,6 +30,8 @@ std::unique_ptr<Compressor> make_balancekv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_balancekv_mr(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_subgen(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_clustergen(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_knorm(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_tova(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -49,6 +51,8 @@ MethodPreset paper_preset_balancekv();
 MethodPreset paper_preset_balancekv_mr();
 MethodPreset paper_preset_subgen();
 MethodPreset paper_preset_clustergen();
+MethodPreset paper_preset_knorm();
+MethodPreset paper_preset_tova();
 
 namespace {
 
@@ -85,6 +89,14 @@ const std::vector<CompressorInfo>& table() {
        make_snapkv, paper_preset_snapkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: O(w n d) window scores + top-k",
         "known cost: the w-query observation window over n keys O(w·n·d), 1-D pooling O(n), top-k (SnapKV, Li et al.)"}},
+      {"knorm", "the keys of smallest L2 norm, query-agnostic (Devoto et al.; kvpress KnormPress)",
+       make_knorm, paper_preset_knorm, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: key norms O(n d) + top-k",
+        "known cost: one norm per key, O(n·d), and a top-k (Devoto et al. 2024)"}},
+      {"tova", "the current query's head-averaged attention, lowest evicted (TOVA; kvpress TOVAPress)",
+       make_tova, paper_preset_tova, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: one query's attention O(H n d) per step",
+        "known cost: one query's attention over the n held keys per step, O(H·n·d), and a top-k (TOVA, Oren et al. 2024)"}},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",

@@ -1,0 +1,59 @@
+// knorm — keep the keys with the smallest L2 norm.
+//
+// Paper: Alessio Devoto, Yu Zhao, Simone Scardapane, Pasquale Minervini, "A Simple and Effective
+//   L2 Norm-Based Strategy for KV Cache Compression", EMNLP 2024, arXiv:2406.11430. Checked
+//   against NVIDIA kvpress 0.5.5 `KnormPress` (kvpress/presses/knorm_press.py:
+//   score = −‖k‖₂ per key and KV head; ScorerPress keeps the top-scoring ones).
+//
+// Summary. Keys with a low L2 norm draw high attention (the paper's observation on Llama-2 and
+// Llama-3): per KV head, score each region key by −‖k‖₂ and keep the `budget` best, exact (bias 0).
+// It needs no query, so it is query-agnostic and costs O(n·d).
+//
+// Parameters: none.
+//
+// Deviations:
+//   - Every layer is compressed, as kvpress does (the paper's analysis leaves the first layers'
+//     norms out of its correlation study; its compression experiments compress every layer).
+//   - Ties go to the lower index (torch.topk leaves them unspecified).
+#include <ATen/ATen.h>
+
+#include "kvlab/compress/compressor.h"
+#include "kvlab/compress/preset.h"
+#include "kvlab/compress/query_scores.h"
+
+namespace kvlab {
+
+namespace {
+
+class Knorm final : public Compressor {
+ public:
+  explicit Knorm(Params p) : params_(p.effective()) { p.finish(); }
+  std::string name() const override { return "knorm"; }
+  nlohmann::json params() const override { return params_; }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    const int64_t b = resolve_budget(opt, n);
+    if (b >= n) return keep_all(kv);
+    auto scores = kv.keys.to(at::kCPU, at::kDouble).norm(2, -1).neg().contiguous();  // [Hkv, n]
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
+    for (int64_t h = 0; h < h_kv; ++h) rows[h] = detail::top_k_indices(scores.data_ptr<double>() + h * n, n, b);
+    return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]
+  }
+
+ private:
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_knorm(const nlohmann::json& params) {
+  return std::make_unique<Knorm>(Params(params, "knorm"));
+}
+
+// Preset "paper": no parameters (the paper's rule has none; every layer compressed, as kvpress).
+MethodPreset paper_preset_knorm() {
+  return {nlohmann::json::object(), 0, 0, "Devoto et al. 2024 / kvpress KnormPress: no parameters", "", ""};
+}
+
+}  // namespace kvlab

@@ -1,0 +1,162 @@
+// The leaderboard's scorers (issue 22) against naive loops written from their definitions:
+//   * knorm keeps, per KV head, the b keys of smallest L2 norm;
+//   * tova keeps the b positions the last query attends to most, averaged over every query head
+//     of the layer (one set for all KV heads), its own token always kept;
+//   * tova's decode-time stream evicts, each step, the held tokens the new query attends to least
+//     (head-averaged), never the new token: a token-by-token list simulation.
+#include <ATen/ATen.h>
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kvlab/compress/compressor.h"
+
+using namespace kvlab;
+
+namespace {
+
+LayerKV random_region(int64_t n, int64_t n_obs, int64_t h_kv, int64_t g, int64_t d, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  LayerKV kv;
+  kv.keys = at::randn({h_kv, n, d}, gen, o);             // [Hkv, n, d]
+  kv.values = at::randn({h_kv, n, d}, gen, o);           // [Hkv, n, d]
+  kv.queries = at::randn({h_kv * g, n_obs, d}, gen, o);  // [Hq, n_obs, d]
+  kv.query_pos = at::arange(n - n_obs, n, at::TensorOptions().dtype(at::kLong));  // [n_obs]
+  return kv;
+}
+
+std::vector<int64_t> row(const at::Tensor& idx, int64_t h) {
+  auto r = idx[h].contiguous();
+  std::vector<int64_t> v(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The k largest of sc (ties to the lower index), sorted, by repeated scans.
+std::vector<int64_t> naive_top(const std::vector<double>& sc, int64_t k) {
+  std::vector<char> taken(sc.size(), 0);
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < k; ++t) {
+    int64_t best = -1;
+    for (size_t i = 0; i < sc.size(); ++i)
+      if (!taken[i] && (best < 0 || sc[i] > sc[best])) best = static_cast<int64_t>(i);
+    taken[best] = 1;
+    out.push_back(best);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Mean over every query head of query (head, j)'s softmax over the keys `held` (indices into the
+// layer's keys), in double by loops.
+std::vector<double> naive_head_mean(const at::Tensor& keys, const at::Tensor& queries, int64_t j,
+                                    const std::vector<int64_t>& held) {
+  const int64_t h_kv = keys.size(0), h_q = queries.size(0), g = h_q / h_kv, d = keys.size(2);
+  auto K = keys.accessor<double, 3>();
+  auto Q = queries.accessor<double, 3>();
+  std::vector<double> mean(held.size(), 0.0);
+  for (int64_t hq = 0; hq < h_q; ++hq) {
+    std::vector<double> s(held.size());
+    double mx = -1e300, z = 0;
+    for (size_t i = 0; i < held.size(); ++i) {
+      double dot = 0;
+      for (int64_t c = 0; c < d; ++c) dot += Q[hq][j][c] * K[hq / g][held[i]][c];
+      s[i] = dot / std::sqrt(static_cast<double>(d));
+      mx = std::max(mx, s[i]);
+    }
+    for (double& x : s) z += (x = std::exp(x - mx));
+    for (size_t i = 0; i < held.size(); ++i) mean[i] += s[i] / z / static_cast<double>(h_q);
+  }
+  return mean;
+}
+
+CompressOptions entries(int64_t b) {
+  CompressOptions o;
+  o.budget = Budget::of_entries(b);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("knorm keeps the keys of smallest L2 norm per KV head (naive loop)") {
+  auto kv = random_region(53, 4, 3, 2, 8, 21);
+  for (int64_t b : {1, 10, 26, 52}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("knorm", nlohmann::json::object())->compress(kv, entries(b));
+    auto K = kv.keys.accessor<double, 3>();
+    for (int64_t h = 0; h < 3; ++h) {
+      std::vector<double> sc(53);
+      for (int64_t i = 0; i < 53; ++i) {
+        double s = 0;
+        for (int64_t c = 0; c < 8; ++c) s += K[h][i][c] * K[h][i][c];
+        sc[i] = -std::sqrt(s);
+      }
+      CHECK(row(out.kept_idx, h) == naive_top(sc, b));
+    }
+    CHECK(out.bias.eq(0).all().item<bool>());
+  }
+}
+
+TEST_CASE("tova keeps the last query's head-averaged top positions, its own token always (naive loop)") {
+  auto kv = random_region(47, 5, 3, 3, 8, 22);
+  std::vector<int64_t> all(47);
+  std::iota(all.begin(), all.end(), 0);
+  auto sc = naive_head_mean(kv.keys, kv.queries, 4, all);  // the last query, at position 46
+  double mx = 0;
+  for (int64_t i = 0; i < 46; ++i) mx = std::max(mx, sc[i]);
+  sc[46] = mx;  // kvpress pads the last token's score with the maximum
+  for (int64_t b : {1, 9, 30}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("tova", nlohmann::json::object())->compress(kv, entries(b));
+    const auto want = naive_top(sc, b);
+    for (int64_t h = 0; h < 3; ++h) CHECK(row(out.kept_idx, h) == want);  // one set for every KV head
+    // Its own token ties with the best one (kvpress's padding); from two entries on both stay.
+    if (b >= 2) CHECK(std::find(want.begin(), want.end(), 46) != want.end());
+  }
+  CHECK(make_compressor("tova", nlohmann::json::object())->observation_queries() == 1);
+}
+
+TEST_CASE("tova's decode-time stream equals a token-by-token list simulation") {
+  // A prompt of n0 tokens compressed to b, then T decoded tokens, each pushed with its query; the
+  // stream holds b entries (an entry budget) and evicts what the new query attends to least.
+  const int64_t n0 = 30, T = 12, b = 10, h_kv = 2, g = 2, d = 8;
+  auto all = random_region(n0 + T, n0 + T, h_kv, g, d, 23);  // queries at every position
+  LayerKV prompt = all;
+  prompt.keys = all.keys.narrow(1, 0, n0);
+  prompt.values = all.values.narrow(1, 0, n0);
+  prompt.queries = all.queries.narrow(1, n0 - 1, 1);       // the last prompt query
+  prompt.query_pos = at::full({1}, n0 - 1, at::TensorOptions().dtype(at::kLong));
+  auto stream = make_compressor("tova", nlohmann::json::object())->start_stream(prompt, entries(b));
+  REQUIRE(stream != nullptr);
+  // The list simulation.
+  std::vector<int64_t> prefix(n0);
+  std::iota(prefix.begin(), prefix.end(), 0);
+  auto sc = naive_head_mean(all.keys, all.queries, n0 - 1, prefix);
+  double mx = 0;
+  for (int64_t i = 0; i < n0 - 1; ++i) mx = std::max(mx, sc[i]);
+  sc[n0 - 1] = mx;
+  std::vector<int64_t> held = naive_top(sc, b);
+  auto held_positions = [&] { return row(stream->held().pos, 0); };
+  CHECK(held_positions() == held);
+  for (int64_t t = n0; t < n0 + T; ++t) {
+    stream->push(all.keys.narrow(1, t, 1), all.values.narrow(1, t, 1), t);
+    stream->settle(all.queries.narrow(1, t, 1), at::Tensor());
+    held.push_back(t);
+    auto s = naive_head_mean(all.keys, all.queries, t, held);
+    double m2 = 0;
+    for (size_t i = 0; i + 1 < held.size(); ++i) m2 = std::max(m2, s[i]);
+    s.back() = m2;
+    std::vector<int64_t> keep_idx = naive_top(s, b), next;
+    for (int64_t i : keep_idx) next.push_back(held[i]);
+    held = next;
+    INFO("step t=" << t);
+    CHECK(held_positions() == held);
+    CHECK(row(stream->held().pos, 1) == held);  // every KV head holds the same positions
+  }
+  CHECK(stream->n_seen() == n0 + T);
+}
