@@ -51,7 +51,10 @@ def main():
     metrics = args.metric.split(",")
     rows = result["rows"]
     datasets = [args.dataset] if args.dataset else sorted({r["dataset"] for r in rows})
-    print(f"run `{args.run}`: preset {ctx.get('preset', '?')}, protocol {proto.get('protocol', '?')}, "
+    # The preset is recorded per row (each method's); the context has it only in older runs.
+    presets = sorted({r["preset"] for r in rows if r.get("method") != "exact" and "preset" in r})
+    preset = ctx.get("preset") or (",".join(presets) if presets else "?")
+    print(f"run `{args.run}`: preset {preset}, protocol {proto.get('protocol', '?')}, "
           f"decode rule {proto.get('decode_rule', '?')}; sha {str(ctx.get('git_sha', ctx.get('git', '?')))[:7]}\n")
     for ds in datasets:
         branch_rows = [r for r in rows if r["dataset"] == ds]
