@@ -1,0 +1,474 @@
+#!/usr/bin/env python3
+"""Golden KV-cache-compression decisions of NVIDIA kvpress on SmolLM2-135M-Instruct (Q4_1 GGUF).
+
+Writes tests/fixtures/kvpress_golden/smollm2.json, which a C++ test compares kvlab's compression
+methods against: for a set of kvpress presses at compression_ratio 0.5 and 0.75 and two prompts it
+records, per layer and KV head, which prompt positions kvpress keeps after the prefill, the raw
+scores of layers 0, 14 and 29, the near-tie positions at the top-k boundary, and the greedy
+continuation decoded through the compressed cache.
+
+Pinned versions (a separate venv, so that kvpress's transformers pin does not touch /opt/kvlab-py):
+  python3 -m venv /opt/kvpress-py
+  /opt/kvpress-py/bin/pip install kvpress==0.5.5 gguf
+    -> kvpress 0.5.5, transformers 5.2.0, torch 2.15.0, gguf 0.19.0 (recorded in the fixture)
+
+Usage:
+  nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvpress_golden.py [--gguf PATH] [--out FILE]
+
+Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
+one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
+every press except ObservedAttentionPress, which needs the attention weights ("eager"); AdaKVPress
+refuses "eager". With sdpa the attention-based presses (TOVA, SnapKV) recompute the attention of
+their observation window themselves (SnapKVPress.compute_window_attention), as kvpress does by default.
+
+Prompts: token ids of fixed passages from ../shared/data (first N tokens; SmolLM2 tokenizer from
+../shared/tokenizers/smollm2/tokenizer.json with add_special_tokens=True, which adds no BOS for this
+tokenizer; no chat template). The ids are recorded, so the C++ side needs no tokenizer.
+
+How the kept positions were recovered: the press's `score` method is wrapped on the instance (the
+inner press's for AdaKVPress) to keep a copy of the scores it returns, and `compress` is wrapped
+to see its input keys and its output. For a ScorerPress the kept indices are recomputed exactly
+as ScorerPress.compress does (scores.topk(n_kept, dim=-1), n_kept = max(1, int(n * (1 - ratio))))
+and verified to reproduce the compressed cache bit for bit (keys.gather(2, idx) == returned keys);
+they are then sorted. AdaKVPress does not shrink the cache: it stores the pruned entries in
+module.masked_key_indices = (batch_idx, kv_head_idx, position) and, while decoding, kvpress's
+attention patch overwrites those keys with a fake key whose attention weight underflows to 0;
+`kept` is the complement of that set per KV head, so n_kept differs between heads.
+
+Generation ("greedy_ids"): as KVPressTextGenerationPipeline._forward/generate_answer do, without a
+question: the whole prompt is prefilled inside `with press(model):` (hooks compress each layer's
+cache after its attention, so the prefill logits are those of the uncompressed model), the first
+token is the argmax of the last prefill logits, then up to 31 more greedy tokens are decoded outside
+the press context through the compressed cache with explicit position_ids n, n+1, ... (original
+positions; no attention mask), stopping after an EOS token like the pipeline. As a cross-check the
+same is run through `with press(model): model.generate(do_sample=False, max_new_tokens=32)`; the
+fixture's metadata says whether both gave the same tokens.
+
+tie_band: per layer and KV head, the positions whose selection score is within 1e-5 (relative) of
+the k-th largest score (k = n_kept), recorded only when that set holds both kept and dropped
+positions (an ambiguous cut, where top-k's tie-breaking or float rounding decides); otherwise [].
+A test should require equality of the kept sets outside tie_band (and equal counts).
+For AdaKVPress the selection scores are the safeguarded scores, ranked across all KV heads of a
+layer; its band is the union of that global cut's band and, where it matters (a position in it is
+not clearly above the global cut by its raw score), the band of each head's safeguard cut.
+
+Scores are float32, written as the shortest decimal that reads back to the same float32. To keep the
+file small, a result whose recorded scores are bitwise identical to those of the same press and
+prompt at compression_ratio 0.5 (every press but StreamingLLMPress) has "scores_same_as": <config
+name> instead of "scores".
+"""
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.environ.get("KVLAB_SHARED", os.path.join(REPO, "..", "shared"))
+MODELS = os.environ.get("KVLAB_MODELS", os.path.join(REPO, "models"))
+
+RATIOS = [0.5, 0.75]
+SCORE_LAYERS = [0, 14, 29]
+MAX_NEW_TOKENS = 32
+TIE_RTOL = 1e-5
+
+
+# (name, source description, loader) -> first n_tokens token ids
+PROMPTS = [
+    {"name": "wikitext2_test_head", "source": "data/wikitext2/wiki.test.raw (from the start)",
+     "n_tokens": 317},
+    {"name": "longbench_multi_news_2", "source": "data/longbench/multi_news.jsonl record 2 "
+     "(_id 82cafb9831bcafa681b45205a34677e2bf6b6c2fb992649f), field 'context'", "n_tokens": 421},
+]
+
+
+def prompt_text(p):
+    if p["name"] == "wikitext2_test_head":
+        with open(os.path.join(SHARED, "data", "wikitext2", "wiki.test.raw"), encoding="utf-8") as f:
+            return f.read(20000)
+    with open(os.path.join(SHARED, "data", "longbench", "multi_news.jsonl"), encoding="utf-8") as f:
+        rec = json.loads(f.readlines()[2])
+    assert rec["_id"] == "82cafb9831bcafa681b45205a34677e2bf6b6c2fb992649f", rec["_id"]
+    return rec["context"]
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_configs(kvpress):
+    """(config name, press factory(ratio), attn_implementation)"""
+    cfgs = [
+        ("StreamingLLMPress", lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=4), "sdpa"),
+        ("KnormPress", lambda r: kvpress.KnormPress(compression_ratio=r), "sdpa"),
+        ("TOVAPress", lambda r: kvpress.TOVAPress(compression_ratio=r), "sdpa"),
+        ("SnapKVPress", lambda r: kvpress.SnapKVPress(compression_ratio=r, window_size=32, kernel_size=5),
+         "sdpa"),
+        ("ObservedAttentionPress", lambda r: kvpress.ObservedAttentionPress(compression_ratio=r), "eager"),
+        ("ExpectedAttentionPress", lambda r: kvpress.ExpectedAttentionPress(compression_ratio=r), "sdpa"),
+        ("KeyDiffPress", lambda r: kvpress.KeyDiffPress(compression_ratio=r), "sdpa"),
+    ]
+    if hasattr(kvpress, "LagKVPress"):
+        cfgs.append(("LagKVPress", lambda r: kvpress.LagKVPress(compression_ratio=r), "sdpa"))
+    if hasattr(kvpress, "AdaKVPress"):
+        cfgs.append(("AdaKVPress(KnormPress)",
+                     lambda r: kvpress.AdaKVPress(press=kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("AdaKVPress(SnapKVPress)",
+                     lambda r: kvpress.AdaKVPress(press=kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    return cfgs
+
+
+def press_params(press):
+    """Every dataclass field (constructor parameter) with its value; nested presses recursively."""
+    out = {}
+    for f in dataclasses.fields(press):
+        v = getattr(press, f.name)
+        if dataclasses.is_dataclass(v):
+            v = {"press": type(v).__name__, "params": press_params(v)}
+        out[f.name] = v
+    return out
+
+
+class F32(float):
+    """A float32 value; written as the shortest decimal that reads back to the same float32
+    (at most 9 significant digits), e.g. 0.0012345679, -15.123457, 1e-05."""
+
+
+def fmt_float(x):
+    assert math.isfinite(x), x
+    if isinstance(x, F32):
+        return str(np.float32(x))
+    return repr(float(x))
+
+
+def to_json(obj, indent=0):
+    """Deterministic JSON: objects indented, lists of scalars on one line, F32 floats shortest."""
+    pad = " " * indent
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f'{pad} {json.dumps(k)}: {to_json(v, indent + 1)}' for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, (list, tuple)):
+        if all(not isinstance(v, (dict, list, tuple)) for v in obj):
+            return "[" + ",".join(to_json(v) for v in obj) + "]"
+        items = [pad + " " + to_json(v, indent + 1) for v in obj]
+        return "[\n" + ",\n".join(items) + "\n" + pad + "]"
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return json.dumps(obj, ensure_ascii=False)
+    if isinstance(obj, float):
+        return fmt_float(obj)
+    raise TypeError(type(obj))
+
+
+def kth_band(scores, keep_mask, k):
+    """scores, keep_mask: 1-D float64 / bool tensors. Positions within TIE_RTOL of the k-th largest
+    score, or [] when that band does not straddle the kept/dropped cut."""
+    if k <= 0 or k >= scores.numel():
+        return []
+    kth = torch.sort(scores, descending=True).values[k - 1]
+    tol = TIE_RTOL * abs(float(kth)) if kth != 0 else 1e-30
+    band = (scores - kth).abs() <= tol
+    if bool((band & keep_mask).any()) and bool((band & ~keep_mask).any()):
+        return band.nonzero().flatten().tolist()
+    return []
+
+
+class Recorder:
+    """Wraps a press instance's score/compress to record scores and kept positions per layer."""
+
+    def __init__(self, press, n_kv_heads):
+        self.press = press
+        self.n_kv = n_kv_heads
+        self.is_ada = type(press).__name__ == "AdaKVPress"
+        self.scorer = press.press if self.is_ada else press
+        self.layers = {}
+        self._last_scores = None
+        orig_score = self.scorer.score
+        orig_compress = press.compress
+
+        def score(*args, **kwargs):
+            s = orig_score(*args, **kwargs)
+            self._last_scores = s.detach().clone()  # AdaKV scatters into the returned tensor
+            return s
+
+        def compress(module, hidden_states, keys, values, attentions, kwargs):
+            self._last_scores = None
+            k_in = keys
+            out_k, out_v = orig_compress(module, hidden_states, keys, values, attentions, kwargs)
+            self.record(module, k_in, out_k)
+            return out_k, out_v
+
+        self.scorer.score = score
+        press.compress = compress
+
+    def record(self, module, keys, out_k):
+        from kvpress.utils import compute_n_kept
+
+        layer = module.layer_idx
+        assert layer not in self.layers, layer
+        scores = self._last_scores
+        assert scores is not None and scores.shape[0] == 1 and scores.shape[1] == self.n_kv
+        n = keys.shape[2]
+        assert scores.shape[2] == n
+        ratio = self.press.compression_ratio
+        n_kept = compute_n_kept(n, ratio)
+        s64 = scores[0].double()
+        if not self.is_ada:
+            idx = scores.topk(n_kept, dim=-1).indices  # exactly ScorerPress.compress
+            gathered = keys.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+            assert torch.equal(gathered, out_k), f"layer {layer}: recovered positions do not match cache"
+            kept = [sorted(idx[0, h].tolist()) for h in range(self.n_kv)]
+            bands = []
+            for h in range(self.n_kv):
+                mask = torch.zeros(n, dtype=torch.bool)
+                mask[kept[h]] = True
+                bands.append(kth_band(s64[h], mask, n_kept))
+        else:
+            assert out_k is keys or torch.equal(out_k, keys)  # AdaKV keeps the cache, masks entries
+            b_idx, h_idx, p_idx = module.masked_key_indices
+            assert int(b_idx.max()) == 0 and h_idx.numel() == self.n_kv * (n - n_kept)
+            mask = torch.ones(self.n_kv, n, dtype=torch.bool)
+            mask[h_idx, p_idx] = False
+            kept = [mask[h].nonzero().flatten().tolist() for h in range(self.n_kv)]
+            # Reproduce AdaKVPress.compress's selection scores for the tie band.
+            alpha = self.press.alpha_safeguard
+            n_safe = int(n_kept * alpha)
+            if alpha > 0:
+                n_safe = max(1, n_safe) if n_kept > 0 else 0
+            safe_mask = torch.zeros(self.n_kv, n, dtype=torch.bool)
+            sel = scores.clone()
+            top = torch.topk(sel, n_safe, dim=-1).indices
+            sel.scatter_(-1, top, torch.finfo(sel.dtype).max)
+            safe_mask[torch.arange(self.n_kv).unsqueeze(1), top[0]] = True
+            sel64 = sel[0].double().flatten()
+            flat_band = set(kth_band(sel64, mask.flatten(), self.n_kv * n_kept))
+            # The safeguard cut only matters where a position in its band would not be kept without
+            # the safeguard, i.e. its raw score is not clearly above the global cut.
+            thr = float(torch.sort(sel64, descending=True).values[self.n_kv * n_kept - 1])
+            thr_hi = thr + TIE_RTOL * abs(thr)
+            bands = []
+            for h in range(self.n_kv):
+                hb = {p - h * n for p in flat_band if h * n <= p < (h + 1) * n}
+                sb = kth_band(s64[h], safe_mask[h], n_safe)
+                if any(float(s64[h, p]) <= thr_hi for p in sb):
+                    hb |= set(sb)
+                bands.append(sorted(hb))
+        self.layers[layer] = {
+            "n": n,
+            "n_kept": [len(k) for k in kept],
+            "kept": kept,
+            "tie_band": bands,
+            "scores": scores[0].clone(),
+        }
+
+
+def greedy_pipeline_style(model, press, ids, eos_ids):
+    """KVPressTextGenerationPipeline._forward + generate_answer, with no question tokens."""
+    from transformers import DynamicCache
+
+    n = ids.shape[1]
+    cache = DynamicCache()
+    with press(model):
+        out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+    prefill_lens = [cache.get_seq_length(layer) for layer in range(len(cache))]
+    generated = [out.logits[0, -1].argmax()]
+    position_ids = torch.tensor([[n]])
+    for i in range(MAX_NEW_TOKENS - 1):
+        out = model(input_ids=generated[-1].view(1, 1), past_key_values=cache, position_ids=position_ids + i)
+        new_id = out.logits[0, -1].argmax()
+        generated.append(new_id)
+        if new_id.item() in eos_ids:
+            break
+    return [int(t) for t in generated], prefill_lens
+
+
+def greedy_generate(model, press, ids):
+    from transformers import DynamicCache
+
+    with press(model):
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=DynamicCache(),
+                             do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+    return [int(t) for t in out[0, ids.shape[1]:]]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", default=None, help="GGUF file (default: models/smollm2-135m/*.gguf)")
+    ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "kvpress_golden", "smollm2.json"))
+    ap.add_argument("--no-generate-check", action="store_true", help="skip the model.generate cross-check")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    import kvpress  # noqa: F401  (patches the attention functions on import)
+    import transformers
+    from importlib.metadata import version as pkg_version
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+    gguf = args.gguf or next(iter(sorted(glob.glob(os.path.join(MODELS, "smollm2-135m", "*.gguf")))), None)
+    if not gguf or not os.path.exists(gguf):
+        sys.exit("no SmolLM2 GGUF found; run data_scripts/get_smollm2.sh or pass --gguf")
+
+    tok = Tokenizer.from_file(os.path.join(SHARED, "tokenizers", "smollm2", "tokenizer.json"))
+    prompts = []
+    for p in PROMPTS:
+        ids = tok.encode(prompt_text(p), add_special_tokens=True).ids[: p["n_tokens"]]
+        assert len(ids) == p["n_tokens"], (p["name"], len(ids))
+        prompts.append({"name": p["name"], "source": p["source"], "n_tokens": len(ids),
+                        "text": tok.decode(ids, skip_special_tokens=False), "ids": ids})
+
+    models = {}
+    for impl in ("sdpa", "eager"):
+        m = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(os.path.abspath(gguf)), gguf_file=os.path.basename(gguf),
+            dtype=torch.float32, attn_implementation=impl)
+        m.eval()
+        assert m.config._attn_implementation == impl
+        models[impl] = m
+    cfg = models["sdpa"].config
+    n_kv = cfg.num_key_value_heads
+    eos = models["sdpa"].generation_config.eos_token_id
+    eos_ids = eos if isinstance(eos, list) else [eos]
+
+    configs_out = []
+    mismatches = []
+    first_scores = {}  # (press config, prompt) -> (config name, scores) of its first ratio
+    n_checked = 0
+    for name, factory, impl in make_configs(kvpress):
+        model = models[impl]
+        for ratio in RATIOS:
+            params = press_params(factory(ratio))
+            results = []
+            for p in prompts:
+                ids = torch.tensor([p["ids"]], dtype=torch.long)
+                press = factory(ratio)
+                rec = Recorder(press, n_kv)
+                with torch.no_grad():
+                    greedy, cache_lens = greedy_pipeline_style(model, press, ids, eos_ids)
+                n_layers = cfg.num_hidden_layers
+                assert sorted(rec.layers) == list(range(n_layers)), sorted(rec.layers)
+                L = [rec.layers[i] for i in range(n_layers)]
+                if not args.no_generate_check:
+                    with torch.no_grad():
+                        gen = greedy_generate(model, factory(ratio), ids)
+                    n_checked += 1
+                    if gen != greedy:
+                        mismatches.append({"config": name, "compression_ratio": ratio,
+                                           "prompt": p["name"], "generate_ids": gen})
+                scores = {str(i): L[i]["scores"] for i in SCORE_LAYERS}
+                key = (name, p["name"])
+                same = key in first_scores and all(
+                    torch.equal(first_scores[key][1][i], scores[i]) for i in scores)
+                if key not in first_scores:
+                    first_scores[key] = (f"{name}@{ratio}", scores)
+                res = {
+                    "prompt": p["name"],
+                    "n": len(p["ids"]),
+                    "cache_len_after_prefill": cache_lens[0] if len(set(cache_lens)) == 1 else cache_lens,
+                    "n_kept": [x["n_kept"] for x in L],
+                    "n_ambiguous_heads": sum(len(b) > 0 for x in L for b in x["tie_band"]),
+                    "kept": [x["kept"] for x in L],
+                    "tie_band": [x["tie_band"] for x in L],
+                }
+                if same:
+                    res["scores_same_as"] = first_scores[key][0]
+                else:
+                    res["scores"] = {i: [[F32(v) for v in row.tolist()] for row in t]
+                                     for i, t in scores.items()}
+                res["greedy_ids"] = greedy
+                results.append(res)
+                print(f"{name:24s} r={ratio} {p['name']:24s} n_kept[0]={L[0]['n_kept']} "
+                      f"ties={res['n_ambiguous_heads']} greedy={greedy[:6]}",
+                      flush=True)
+            configs_out.append({"name": f"{name}@{ratio}", "press": name.split("(")[0],
+                                "compression_ratio": ratio, "attn_implementation": impl,
+                                "params": params, "results": results})
+
+    out = {
+        "version": 1,
+        "generator": "data_scripts/make_kvpress_golden.py",
+        "versions": {
+            "kvpress": pkg_version("kvpress"),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "gguf": pkg_version("gguf"),
+            "python": sys.version.split()[0],
+        },
+        "model": {
+            "gguf_file": os.path.basename(gguf),
+            "gguf_sha256": sha256(gguf),
+            "dtype": "float32 (dequantized by transformers/gguf-py), CPU, 1 thread",
+            "n_layers": cfg.num_hidden_layers, "n_q_heads": cfg.num_attention_heads,
+            "n_kv_heads": n_kv, "head_dim": getattr(cfg, "head_dim", None),
+            "rope_theta": getattr(cfg, "rope_theta", None)
+            or (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta"),
+            "eos_token_id": eos_ids,
+        },
+        "tokenizer": "../shared/tokenizers/smollm2/tokenizer.json, add_special_tokens=True "
+                     "(adds no BOS), no chat template; ids truncated to n_tokens",
+        "compression_ratios": RATIOS,
+        "n_kept_rule": "ScorerPress: n_kept = max(1, int(n * (1 - compression_ratio))) per KV head "
+                       "(kvpress.utils.compute_n_kept), top-k of scores over positions per KV head. "
+                       "AdaKVPress: n_kept * n_kv_heads kept in total per layer, per-head counts vary.",
+        "kept_recovery": "score/compress wrapped on the press instance; ScorerPress: topk indices "
+                         "recomputed as ScorerPress.compress and verified to reproduce the compressed "
+                         "cache exactly, then sorted. AdaKVPress: cache not shrunk; kept = complement "
+                         "of module.masked_key_indices (batch, kv_head, position), which kvpress's "
+                         "attention patch replaces with a fake key (attention weight 0) while decoding.",
+        "scores_layers": SCORE_LAYERS,
+        "scores_note": "raw float32 scores returned by the press's score() (the inner press's for "
+                       "AdaKVPress, before its safeguard scatter): scores[layer][kv_head][position], "
+                       "written as the shortest decimal that reads back to the same float32; higher = "
+                       "keep. Where a result's scores are bitwise identical to those of the same press "
+                       "and prompt at the first compression ratio, the result has 'scores_same_as': "
+                       "<config name> instead of 'scores'.",
+        "tie_band_definition": "per layer and KV head: positions whose selection score s satisfies "
+                               "|s - s_k| <= %g * |s_k| (s_k = k-th largest, k = n_kept), listed only "
+                               "when that band holds both kept and dropped positions, else []. AdaKV: "
+                               "global cut over all heads' safeguarded scores plus each head's "
+                               "safeguard cut." % TIE_RTOL,
+        "generation": "pipeline-style (KVPressTextGenerationPipeline._forward/generate_answer, no "
+                      "question): prefill the whole prompt inside `with press(model)`, first token = "
+                      "argmax of the (uncompressed) prefill logits, then greedy decoding outside the "
+                      "press context with position_ids n, n+1, ..., up to %d tokens, stopping after "
+                      "EOS" % MAX_NEW_TOKENS,
+        "generate_crosscheck": None if args.no_generate_check else {
+            "method": "with press(model): model.generate(ids, do_sample=False, max_new_tokens=%d)"
+                      % MAX_NEW_TOKENS,
+            "n_checked": n_checked, "n_equal": n_checked - len(mismatches), "mismatches": mismatches},
+        "prompts": prompts,
+        "configs": configs_out,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    text = to_json(out) + "\n"
+    json.loads(text)  # valid JSON
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {args.out} ({len(text.encode()) / 1e6:.2f} MB), generate cross-check "
+          f"{n_checked - len(mismatches)}/{n_checked} equal")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+// kvlab against NVIDIA kvpress 0.5.5 on SmolLM2-135M (issue 22): the golden file
+// tests/fixtures/kvpress_golden/smollm2.json (data_scripts/make_kvpress_golden.py, transformers on
+// the same Q4_1 GGUF) holds, for two prompts and kept fractions 0.5 and 0.25, kvpress's kept
+// positions per (layer, KV head), a tie band (positions whose score is within 1e-5 of the k-th, where
+// the band holds both kept and dropped ones) and 32 greedy ids decoded through the compressed cache.
+// For each press whose definition kvlab follows, with the parameters set to match:
+//   StreamingLLMPress(n_sink 4)   streaming_llm n_sink=4
+//   KnormPress                    knorm
+//   TOVAPress                     tova
+//   SnapKVPress(window 32, k 5)   snapkv window=32 kernel=5 pooling=avg (kvlab's default is max-pool
+//                                 k7, SnapKV's LongBench config: a documented difference)
+//   ObservedAttentionPress        h2o h2o_queries=all h2o_normalize=true recent=0
+// kvlab's kept positions equal kvpress's outside the tie band, on every layer and KV head, and its
+// greedy ids (first token from the exact prefill, then decoding through the cache with the decoded
+// tokens appended, as kvpress's pipeline) are equal where no head has a tie band. Presses kvlab does
+// not have yet (ExpectedAttention, KeyDiff, LagKV, AdaKV) are listed and skipped.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/cache/compressed_cache.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/config.h"
+#include "kvlab/core/sha256.h"
+#include "kvlab/model/model.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace kvlab;
+using nlohmann::json;
+
+namespace {
+
+std::string smollm2_gguf() {
+  const char* models = std::getenv("KVLAB_MODELS");
+  fs::path dir = fs::path(models && *models ? models : std::string(KVLAB_SOURCE_DIR) + "/models") / "smollm2-135m";
+  if (!fs::is_directory(dir)) return "";
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".gguf") return e.path().string();
+  return "";
+}
+
+// Every layer's post-RoPE q, k, v of one prompt.
+struct AllLayers : QkvTap {
+  std::vector<std::array<at::Tensor, 3>> got;  // q [Hq, n, d], k/v [Hkv, n, d]
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+    if (static_cast<int>(got.size()) <= layer) got.resize(layer + 1);
+    got[layer] = {q.clone(), k.clone(), v.clone()};
+  }
+};
+
+// kvpress press -> kvlab method and parameters ("" = not in kvlab).
+std::pair<std::string, json> kvlab_method(const json& config) {
+  const std::string press = config["press"];
+  const json& p = config["params"];
+  if (press == "StreamingLLMPress") return {"streaming_llm", {{"n_sink", p["n_sink"]}}};
+  if (press == "KnormPress") return {"knorm", json::object()};
+  if (press == "TOVAPress") return {"tova", json::object()};
+  if (press == "SnapKVPress")
+    return {"snapkv", {{"window", p["window_size"]}, {"kernel", p["kernel_size"]}, {"pooling", "avg"}}};
+  if (press == "ObservedAttentionPress")
+    return {"h2o", {{"h2o_queries", "all"}, {"h2o_normalize", true}, {"recent", 0}}};
+  return {"", json()};
+}
+
+}  // namespace
+
+TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (issue 22)") {
+  const std::string gguf = smollm2_gguf();
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/smollm2.json");
+  if (gguf.empty()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf not found (data_scripts/get_smollm2.sh)");
+    return;
+  }
+  if (sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: " << gguf << " is not the GGUF the golden was made from");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
+  std::map<std::string, AllLayers> taps;
+  std::map<std::string, std::vector<int64_t>> prompt_ids;
+  std::map<std::string, int64_t> first_token;
+  for (const auto& pr : g["prompts"]) {
+    const std::string name = pr["name"];
+    prompt_ids[name] = pr["ids"].get<std::vector<int64_t>>();
+    ExactAttention attn(n_layers);
+    ForwardOptions fo;
+    fo.tap = &taps[name];
+    first_token[name] = forward(model, at::tensor(prompt_ids[name], at::kLong), 0, attn, fo)[0].argmax().item<int64_t>();
+  }
+  std::set<std::string> skipped;
+  int compared_sets = 0, compared_greedy = 0;
+  for (const auto& config : g["configs"]) {
+    const auto [method, params] = kvlab_method(config);
+    if (method.empty()) {
+      skipped.insert(config["press"].get<std::string>());
+      continue;
+    }
+    auto c = make_compressor(method, params);
+    for (const auto& r : config["results"]) {
+      const std::string prompt = r["prompt"];
+      INFO(config["name"].get<std::string>() << " on " << prompt << " as kvlab " << method << " " << params.dump());
+      const auto& ids = prompt_ids.at(prompt);
+      const int64_t n = static_cast<int64_t>(ids.size());
+      REQUIRE(r["n"].get<int64_t>() == n);
+      std::vector<CompressedLayer> layers;
+      for (int64_t l = 0; l < n_layers; ++l) {
+        const auto& t = taps.at(prompt).got.at(l);  // q [Hq, n, d], k, v [Hkv, n, d]
+        const int64_t b = r["n_kept"][l][0].get<int64_t>();
+        for (int64_t h = 0; h < h_kv; ++h) REQUIRE(r["n_kept"][l][h].get<int64_t>() == b);  // ScorerPress: flat
+        const int64_t w = c->observation_queries() < 0 ? n : std::min<int64_t>(n, c->observation_queries());
+        CompressOptions co;
+        co.budget = Budget::of_entries(b);
+        CompressedLayer cl = compress_layer(*c, co, t[1], t[2], w > 0 ? t[0].narrow(1, n - w, w) : at::Tensor(), 0, 0,
+                                            static_cast<int>(l), static_cast<int>(n_layers));
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::set<int64_t> mine;
+          const json kept = cl.kept(h);  // (a temporary's ["positions"] would dangle in the loop)
+          for (const auto& p : kept["positions"]) mine.insert(p.get<int64_t>());
+          std::set<int64_t> theirs, band;
+          for (const auto& p : r["kept"][l][h]) theirs.insert(p.get<int64_t>());
+          for (const auto& p : r["tie_band"][l][h]) band.insert(p.get<int64_t>());
+          std::vector<int64_t> differ;
+          for (int64_t p = 0; p < n; ++p)
+            if (!band.count(p) && mine.count(p) != theirs.count(p)) differ.push_back(p);
+          INFO("layer " << l << " KV head " << h << " (kept " << mine.size() << " vs " << theirs.size() << ")");
+          CHECK(differ.empty());
+          CHECK(mine.size() == theirs.size());
+        }
+        layers.push_back(std::move(cl));
+      }
+      ++compared_sets;
+      if (r["n_ambiguous_heads"].get<int64_t>() > 0) continue;  // a tie may pick another token
+      // Greedy: the first token from the exact prefill, then decoding through the compressed cache.
+      CompressedAttention attn(std::move(layers));
+      std::vector<int64_t> out = {first_token.at(prompt)};
+      const auto& eos = model.config.eos_token_ids;
+      const size_t want = r["greedy_ids"].size();
+      while (out.size() < want && std::find(eos.begin(), eos.end(), out.back()) == eos.end()) {
+        at::Tensor logits = forward(model, at::tensor(std::vector<int64_t>{out.back()}, at::kLong),
+                                    n + static_cast<int64_t>(out.size()) - 1, attn);
+        out.push_back(logits[0].argmax().item<int64_t>());
+      }
+      CHECK(out == r["greedy_ids"].get<std::vector<int64_t>>());
+      ++compared_greedy;
+    }
+  }
+  MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
+                             << " greedy continuations compared; not in kvlab yet: "
+                             << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
+  CHECK(compared_sets == 20);
+}
