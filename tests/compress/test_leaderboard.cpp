@@ -159,4 +159,8 @@ TEST_CASE("tova's decode-time stream equals a token-by-token list simulation") {
     CHECK(row(stream->held().pos, 1) == held);  // every KV head holds the same positions
   }
   CHECK(stream->n_seen() == n0 + T);
+  // The registry's probe starts a stream on a region with no query (kvlab replay --list-methods
+  // died on it): held whole until a query settles it.
+  CHECK(streams_while_decoding("tova"));
+  CHECK_FALSE(streams_while_decoding("knorm"));
 }

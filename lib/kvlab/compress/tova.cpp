@@ -131,8 +131,11 @@ class Tova final : public Compressor {
 
   std::unique_ptr<LayerStream> start_stream(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), b = resolve_budget(opt, n);
+    // A region with no query to score it (the registry's probe) is held whole until the first
+    // decoded token's query settles it; generation always passes the last prompt query.
+    const bool scorable = kv.queries.defined() && kv.queries.dim() == 3 && kv.queries.size(1) > 0;
     std::vector<int64_t> kept;
-    if (n > 0 && b < n) kept = tova_select(kv, b);
+    if (n > 0 && b < n && scorable) kept = tova_select(kv, b);
     else for (int64_t i = 0; i < n; ++i) kept.push_back(i);
     return std::make_unique<TovaStream>(kv, opt.budget, kept);
   }
