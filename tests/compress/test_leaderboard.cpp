@@ -3,7 +3,8 @@
 //   * tova keeps the b positions the last query attends to most, averaged over every query head
 //     of the layer (one set for all KV heads), its own token always kept;
 //   * tova's decode-time stream evicts, each step, the held tokens the new query attends to least
-//     (head-averaged), never the new token: a token-by-token list simulation.
+//     (head-averaged), never the new token: a token-by-token list simulation;
+//   * keydiff keeps, per KV head, the b keys of lowest cosine to the mean of the unit keys.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -163,4 +164,29 @@ TEST_CASE("tova's decode-time stream equals a token-by-token list simulation") {
   // died on it): held whole until a query settles it.
   CHECK(streams_while_decoding("tova"));
   CHECK_FALSE(streams_while_decoding("knorm"));
+}
+
+TEST_CASE("keydiff keeps the keys of lowest cosine to the mean unit key, per KV head (naive loop)") {
+  auto kv = random_region(41, 3, 2, 2, 6, 24);
+  for (int64_t b : {1, 13, 40}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("keydiff", nlohmann::json::object())->compress(kv, entries(b));
+    auto K = kv.keys.accessor<double, 3>();
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<double> anchor(6, 0.0), sc(41);
+      for (int64_t i = 0; i < 41; ++i) {
+        double nn = 0;
+        for (int64_t c = 0; c < 6; ++c) nn += K[h][i][c] * K[h][i][c];
+        for (int64_t c = 0; c < 6; ++c) anchor[c] += K[h][i][c] / std::sqrt(nn) / 41.0;
+      }
+      double na = 0;
+      for (double a : anchor) na += a * a;
+      for (int64_t i = 0; i < 41; ++i) {
+        double dot = 0, nn = 0;
+        for (int64_t c = 0; c < 6; ++c) dot += K[h][i][c] * anchor[c], nn += K[h][i][c] * K[h][i][c];
+        sc[i] = -dot / std::sqrt(nn * na);
+      }
+      CHECK(row(out.kept_idx, h) == naive_top(sc, b));
+    }
+  }
 }

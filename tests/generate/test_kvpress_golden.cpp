@@ -7,13 +7,14 @@
 //   StreamingLLMPress(n_sink 4)   streaming_llm n_sink=4
 //   KnormPress                    knorm
 //   TOVAPress                     tova
+//   KeyDiffPress                  keydiff
 //   SnapKVPress(window 32, k 5)   snapkv window=32 kernel=5 pooling=avg (kvlab's default is max-pool
 //                                 k7, SnapKV's LongBench config: a documented difference)
 //   ObservedAttentionPress        h2o h2o_queries=all h2o_normalize=true recent=0
 // kvlab's kept positions equal kvpress's outside the tie band, on every layer and KV head, and its
 // greedy ids (first token from the exact prefill, then decoding through the cache with the decoded
 // tokens appended, as kvpress's pipeline) are equal where no head has a tie band. Presses kvlab does
-// not have yet (ExpectedAttention, KeyDiff, LagKV, AdaKV) are listed and skipped.
+// not have yet (ExpectedAttention, LagKV, AdaKV) are listed and skipped.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <doctest/doctest.h>
@@ -64,6 +65,7 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "StreamingLLMPress") return {"streaming_llm", {{"n_sink", p["n_sink"]}}};
   if (press == "KnormPress") return {"knorm", json::object()};
   if (press == "TOVAPress") return {"tova", json::object()};
+  if (press == "KeyDiffPress") return {"keydiff", json::object()};
   if (press == "SnapKVPress")
     return {"snapkv", {{"window", p["window_size"]}, {"kernel", p["kernel_size"]}, {"pooling", "avg"}}};
   if (press == "ObservedAttentionPress")
@@ -158,5 +160,5 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 20);
+  CHECK(compared_sets == 24);  // 6 presses x 2 ratios x 2 prompts
 }

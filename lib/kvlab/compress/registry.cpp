@@ -32,6 +32,7 @@ std::unique_ptr<Compressor> make_subgen(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_clustergen(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_knorm(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_tova(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_keydiff(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -53,6 +54,7 @@ MethodPreset paper_preset_subgen();
 MethodPreset paper_preset_clustergen();
 MethodPreset paper_preset_knorm();
 MethodPreset paper_preset_tova();
+MethodPreset paper_preset_keydiff();
 
 namespace {
 
@@ -97,6 +99,10 @@ const std::vector<CompressorInfo>& table() {
        make_tova, paper_preset_tova, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: one query's attention O(H n d) per step",
         "known cost: one query's attention over the n held keys per step, O(H·n·d), and a top-k (TOVA, Oren et al. 2024)"}},
+      {"keydiff", "the keys least like the average key direction, query-agnostic (KeyDiff; kvpress KeyDiffPress)",
+       make_keydiff, paper_preset_keydiff, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: one pass over the keys O(n d) + top-k",
+        "known cost: the mean unit key and one cosine per key, O(n·d), and a top-k (KeyDiff, Park et al. 2025)"}},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",
