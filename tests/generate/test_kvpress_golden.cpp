@@ -14,7 +14,8 @@
 // kvlab's kept positions equal kvpress's outside the tie band, on every layer and KV head, and its
 // greedy ids (first token from the exact prefill, then decoding through the cache with the decoded
 // tokens appended, as kvpress's pipeline) are equal where no head has a tie band. Presses kvlab does
-// not have yet (ExpectedAttention, LagKV, AdaKV) are listed and skipped.
+// not have yet (ExpectedAttention, LagKV, AdaKV) are listed and skipped. The query-agnostic scores
+// (knorm, keydiff) are compared too, on layers 0, 14 and 29, at rtol 1e-5.
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <doctest/doctest.h>
@@ -29,6 +30,7 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/key_scores.h"
 #include "kvlab/core/config.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab/model/model.h"
@@ -100,6 +102,28 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
     fo.tap = &taps[name];
     first_token[name] = forward(model, at::tensor(prompt_ids[name], at::kLong), 0, attn, fo)[0].argmax().item<int64_t>();
   }
+  // The query-agnostic scores themselves (layers 0, 14, 29) at rtol 1e-5 (atol 1e-6 for cosines
+  // near 0): kvpress's float32 scores from transformers' keys against kvlab's from its own keys.
+  int compared_scores = 0;
+  for (const auto& config : g["configs"]) {
+    const std::string press = config["press"];
+    if ((press != "KnormPress" && press != "KeyDiffPress") || !config["results"][0].contains("scores")) continue;
+    for (const auto& r : config["results"])
+      for (const auto& [layer, heads] : r["scores"].items()) {
+        INFO(press << " on " << r["prompt"].get<std::string>() << " layer " << layer);
+        const at::Tensor& k = taps.at(r["prompt"]).got.at(std::stoi(layer))[1];  // [Hkv, n, d]
+        at::Tensor mine = press == "KnormPress" ? knorm_scores(k) : keydiff_scores(k);  // [Hkv, n]
+        for (int64_t h = 0; h < h_kv; ++h) {
+          const auto theirs = heads[h].get<std::vector<double>>();
+          double worst = 0;
+          for (size_t j = 0; j < theirs.size(); ++j)
+            worst = std::max(worst, std::abs(mine[h][j].item<double>() - theirs[j]) / (1e-5 * std::abs(theirs[j]) + 1e-6));
+          CHECK(worst <= 1.0);
+        }
+        ++compared_scores;
+      }
+  }
+  CHECK(compared_scores == 12);  // 2 presses x 2 prompts x 3 layers
   std::set<std::string> skipped;
   int compared_sets = 0, compared_greedy = 0;
   for (const auto& config : g["configs"]) {

@@ -21,10 +21,19 @@
 #include <ATen/ATen.h>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/key_scores.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
 
 namespace kvlab {
+
+at::Tensor keydiff_scores(const at::Tensor& keys) {
+  auto k = keys.to(at::kCPU, at::kDouble);                                           // [Hkv, n, d]
+  auto norms = k.norm(2, -1, /*keepdim=*/true);                                      // [Hkv, n, 1]
+  auto anchor = (k / norms.clamp_min(1e-12)).mean(1, /*keepdim=*/true);              // [Hkv, 1, d]
+  auto cos = (k * anchor).sum(-1) / (norms.squeeze(-1) * anchor.norm(2, -1)).clamp_min(1e-8);  // [Hkv, n]
+  return cos.neg().contiguous();
+}
 
 namespace {
 
@@ -38,11 +47,7 @@ class KeyDiff final : public Compressor {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    auto k = kv.keys.to(at::kCPU, at::kDouble);                                      // [Hkv, n, d]
-    auto norms = k.norm(2, -1, /*keepdim=*/true);                                    // [Hkv, n, 1]
-    auto anchor = (k / norms.clamp_min(1e-12)).mean(1, /*keepdim=*/true);            // [Hkv, 1, d]
-    auto cos = (k * anchor).sum(-1) / (norms.squeeze(-1) * anchor.norm(2, -1)).clamp_min(1e-8);  // [Hkv, n]
-    auto scores = cos.neg().contiguous();
+    auto scores = keydiff_scores(kv.keys);  // [Hkv, n]
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h) rows[h] = detail::top_k_indices(scores.data_ptr<double>() + h * n, n, b);
     return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]

@@ -18,10 +18,15 @@
 #include <ATen/ATen.h>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/key_scores.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
 
 namespace kvlab {
+
+at::Tensor knorm_scores(const at::Tensor& keys) {
+  return keys.to(at::kCPU, at::kDouble).norm(2, -1).neg().contiguous();  // [Hkv, n]
+}
 
 namespace {
 
@@ -35,7 +40,7 @@ class Knorm final : public Compressor {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    auto scores = kv.keys.to(at::kCPU, at::kDouble).norm(2, -1).neg().contiguous();  // [Hkv, n]
+    auto scores = knorm_scores(kv.keys);  // [Hkv, n]
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h) rows[h] = detail::top_k_indices(scores.data_ptr<double>() + h * n, n, b);
     return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]

@@ -1,0 +1,14 @@
+// The scores of the query-agnostic scorers (knorm.cpp, keydiff.cpp), exposed so that tests can
+// compare them with kvpress's own (tests/generate/test_kvpress_golden.cpp). Higher = keep.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace kvlab {
+
+// keys [Hkv, n, d] -> [Hkv, n] float64 on CPU: −‖k_j‖₂ (knorm).
+at::Tensor knorm_scores(const at::Tensor& keys);
+// keys [Hkv, n, d] -> [Hkv, n] float64 on CPU: −cos(k_j, mean_i k_i/‖k_i‖) (keydiff).
+at::Tensor keydiff_scores(const at::Tensor& keys);
+
+}  // namespace kvlab
