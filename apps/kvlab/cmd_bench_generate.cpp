@@ -66,6 +66,17 @@ struct GenerateBenchOptions {
     f.add("results_dir", results_dir, "base directory of results");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
   }
+  void check() const {
+    KVLAB_CHECK(new_tokens >= 2, "--new-tokens must be >= 2, got {}", new_tokens);
+    KVLAB_CHECK(!context.empty(), "--context: give at least one length");
+    for (int64_t c : context) KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
+    std::string names = method;
+    if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
+    require_run_keeps(build_methods(names, param, params), "the bench's own flags");
+    budget_settings(ratio, {}, {});
+    parse_compute_dtype(dtype, "--dtype");
+    parse_device(device, "--device");
+  }
 };
 
 double median(std::vector<double> v) {
@@ -75,12 +86,9 @@ double median(std::vector<double> v) {
 }
 
 void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.new_tokens >= 2, "--new-tokens must be >= 2, got {}", o.new_tokens);
-  KVLAB_CHECK(!o.context.empty(), "--context: give at least one length");
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
-  require_run_keeps(methods, "the bench's own flags");
   auto budgets = budget_settings(o.ratio, {}, {});
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;
@@ -95,7 +103,6 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   const int64_t limit = model.config.max_position_embeddings;
 
   for (int64_t c : o.context) {
-    KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
     KVLAB_CHECK(fits_context(c, o.new_tokens, limit), "--context {} + --new-tokens {} exceed {}'s context of {} "
                 "positions", c, o.new_tokens, model.id, limit > 0 ? limit : kMaxTokens);
     KVLAB_CHECK(c <= int64_t(ids.size()), "--context {}: --text {} has only {} tokens", c, o.text, ids.size());

@@ -59,6 +59,17 @@ struct CalibrateChelseaOptions {
     f.add("out", out, "output JSON (chelsea's `outliers` parameter reads it)").required();
     f.add("overwrite", overwrite, "replace an existing --out file");
   }
+  void check() const {
+    KVLAB_CHECK(samples >= 1, "--samples must be >= 1, got {}", samples);
+    KVLAB_CHECK(threshold > -1 && threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", threshold);
+    KVLAB_CHECK(chunk >= 2, "--chunk must be >= 2, got {}", chunk);
+    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
+    KVLAB_CHECK(n_sink >= 0 && n_sink < tokens, "--n-sink must be in [0, --tokens), got {}", n_sink);
+    KVLAB_CHECK(n_recent >= 0 && n_recent < tokens, "--n-recent must be in [0, --tokens), got {}", n_recent);
+    KVLAB_CHECK(tokens > n_sink + n_recent + 1, "--tokens ({}) must exceed --n-sink + --n-recent + 1 = {}", tokens,
+                n_sink + n_recent + 1);
+    parse_device(device, "--device");
+  }
 };
 
 // Accumulates every layer's outlier scores over the windows.
@@ -74,14 +85,6 @@ struct ScoreTap : QkvTap {
 
 void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::json& effective) {
   check_output_file(o.out, "--out", {o.model, o.text}, o.overwrite);
-  KVLAB_CHECK(o.samples >= 1, "--samples must be >= 1, got {}", o.samples);
-  KVLAB_CHECK(o.threshold > -1 && o.threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", o.threshold);
-  KVLAB_CHECK(o.chunk >= 2, "--chunk must be >= 2, got {}", o.chunk);
-  KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
-  KVLAB_CHECK(o.n_sink >= 0 && o.n_sink < o.tokens, "--n-sink must be in [0, --tokens), got {}", o.n_sink);
-  KVLAB_CHECK(o.n_recent >= 0 && o.n_recent < o.tokens, "--n-recent must be in [0, --tokens), got {}", o.n_recent);
-  KVLAB_CHECK(o.tokens > o.n_sink + o.n_recent + 1, "--tokens ({}) must exceed --n-sink + --n-recent + 1 = {}",
-              o.tokens, o.n_sink + o.n_recent + 1);
   std::ifstream in(o.text, std::ios::binary);
   KVLAB_CHECK(in.good(), "--text '{}': cannot open", o.text);
   std::stringstream ss;

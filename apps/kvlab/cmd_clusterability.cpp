@@ -63,6 +63,11 @@ struct ClusterabilityCmdOptions {
     f.add("results_dir", results_dir, "base directory of results");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
   }
+  void check() const {
+    KVLAB_CHECK(k_max >= 1, "--k-max must be >= 1, got {}", k_max);
+    KVLAB_CHECK(silhouette_k >= 2, "--silhouette-k must be >= 2, got {}", silhouette_k);
+    KVLAB_CHECK(!delta_fractions.empty(), "--delta-fractions: give at least one fraction, e.g. 0.5,1");
+  }
 };
 
 const std::vector<int64_t> kReportK = {1, 2, 4, 8, 16, 32, 64, 128, 256};
@@ -93,9 +98,6 @@ nlohmann::json cluster_row(const Clusterability& c) {
 }
 
 void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.k_max >= 1, "--k-max must be >= 1, got {}", o.k_max);
-  KVLAB_CHECK(o.silhouette_k >= 2, "--silhouette-k must be >= 2, got {}", o.silhouette_k);
-  KVLAB_CHECK(!o.delta_fractions.empty(), "--delta-fractions: give at least one fraction, e.g. 0.5,1");
   CaptureReader cap(o.capture);
   const auto& meta = cap.meta();
   const auto layers = select_layers(meta, o.layers);

@@ -38,6 +38,8 @@
 namespace kvlab::cli {
 namespace {
 
+int64_t parse_queries(const std::string& s);
+
 struct DumpOptions {
   std::string model;
   std::string dataset;
@@ -71,6 +73,17 @@ struct DumpOptions {
     f.add("chat_template", chat_template, "none | auto | a template name (records may opt out)");
     f.add("out", out, "output capture file (.h5); never one of the inputs");
     f.add("overwrite", overwrite, "replace an existing --out file");
+  }
+  void check() const {
+    const int n_sources = !dataset.empty() + !prompt_file.empty() + !prompt.empty();
+    KVLAB_CHECK(n_sources == 1, "give exactly one of --dataset, --prompt-file, --prompt (found {})", n_sources);
+    KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 or -1 (all), got {}", samples);
+    KVLAB_CHECK(max_tokens == 0 || max_tokens >= 2, "--max-tokens must be 0 (no limit) or >= 2 (the first and "
+                "last N/2 tokens are kept), got {}", max_tokens);
+    parse_storage_dtype(dtype, "--dtype");
+    parse_queries(queries);
+    parse_compute_dtype(compute_dtype, "--compute-dtype");
+    parse_device(device, "--device");
   }
 };
 
@@ -150,12 +163,6 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   // returned to the OS on free (30 layers: 864 MiB).
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
 #endif
-  const int n_sources = !o.dataset.empty() + !o.prompt_file.empty() + !o.prompt.empty();
-  KVLAB_CHECK(n_sources == 1, "give exactly one of --dataset, --prompt-file, --prompt (found {})",
-              n_sources);
-  KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 or -1 (all), got {}", o.samples);
-  KVLAB_CHECK(o.max_tokens == 0 || o.max_tokens >= 2, "--max-tokens must be 0 (no limit) or >= 2 (the first and "
-              "last N/2 tokens are kept), got {}", o.max_tokens);
   const at::ScalarType storage = parse_storage_dtype(o.dtype, "--dtype");
   const int64_t last_q = parse_queries(o.queries);
   ModelLoadOptions lo;

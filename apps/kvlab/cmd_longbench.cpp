@@ -52,14 +52,18 @@ struct LongBenchOptions {
     f.add("max_new_tokens", max_new_tokens, "tokens generated per record (0 = dataset2maxlen.json)");
     common.fields(f);
   }
+  void check() const {
+    KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", samples);
+    KVLAB_CHECK(max_length >= 0, "--max-length must be >= 0 (0 = from the model's context), got {}", max_length);
+    KVLAB_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = dataset2maxlen.json), got {}",
+                max_new_tokens);
+    parse_longbench_datasets(datasets);
+    task_branches(common, /*need_files=*/false);
+  }
 };
 
 void run_longbench(const LongBenchOptions& o, const json& effective) {
   const auto& c = o.common;
-  KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", o.samples);
-  KVLAB_CHECK(o.max_length >= 0, "--max-length must be >= 0 (0 = from the model's context), got {}", o.max_length);
-  KVLAB_CHECK(o.max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = dataset2maxlen.json), got {}",
-              o.max_new_tokens);
   const LongBenchSelection sel = parse_longbench_datasets(o.datasets);
   const auto branches = task_branches(c);
   const std::string max_gen_file =

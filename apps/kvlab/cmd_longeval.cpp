@@ -42,17 +42,20 @@ struct LongEvalOptions {
     f.add("max_new_tokens", max_new_tokens, "tokens generated per case");
     common.fields(f);
   }
+  void check() const {
+    KVLAB_CHECK(max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", max_new_tokens);
+    KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", samples);
+    KVLAB_CHECK(!data.empty() || !lines.empty(), "give --lines (e.g. 200,300) or --data FILE");
+    task_branches(common, /*need_files=*/false);
+  }
 };
 
 void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
-  KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", o.samples);
   const auto branches = task_branches(o.common);
   std::vector<std::pair<std::string, std::string>> files;  // (dataset, path)
   if (!o.data.empty()) {
     files.push_back({std::filesystem::path(o.data).stem().string(), o.data});
   } else {
-    KVLAB_CHECK(!o.lines.empty(), "give --lines (e.g. 200,300) or --data FILE");
     for (int64_t l : o.lines) files.push_back({fmt::format("{}_lines", l), fmt::format("{}/{}_lines.jsonl", o.data_dir, l)});
   }
   std::vector<std::vector<LongEvalCase>> cases;

@@ -45,6 +45,18 @@ struct NiahOptions {
     f.add("max_new_tokens", max_new_tokens, "tokens generated per cell");
     common.fields(f);
   }
+  void check() const {
+    KVLAB_CHECK(max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", max_new_tokens);
+    KVLAB_CHECK(!lengths.empty() && !depths.empty(), "give --lengths and --depths (one value at least)");
+    KVLAB_CHECK(!spec.key_phrase.empty(), "--key-phrase must not be empty");
+    for (size_t i = 0; i < lengths.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        KVLAB_CHECK(lengths[i] != lengths[j], "--lengths: {} is listed twice (each cell is one record)", lengths[i]);
+    for (size_t i = 0; i < depths.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        KVLAB_CHECK(depths[i] != depths[j], "--depths: {:g} is listed twice (each cell is one record)", depths[i]);
+    task_branches(common, /*need_files=*/false);
+  }
 };
 
 // Depth rows by length columns of one branch's scores, as text.
@@ -64,15 +76,6 @@ std::string grid_text(const NiahOptions& o, const nlohmann::json& scores) {
 }
 
 void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", o.max_new_tokens);
-  KVLAB_CHECK(!o.lengths.empty() && !o.depths.empty(), "give --lengths and --depths (one value at least)");
-  KVLAB_CHECK(!o.spec.key_phrase.empty(), "--key-phrase must not be empty");
-  for (size_t i = 0; i < o.lengths.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      KVLAB_CHECK(o.lengths[i] != o.lengths[j], "--lengths: {} is listed twice (each cell is one record)", o.lengths[i]);
-  for (size_t i = 0; i < o.depths.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      KVLAB_CHECK(o.depths[i] != o.depths[j], "--depths: {:g} is listed twice (each cell is one record)", o.depths[i]);
   const auto branches = task_branches(o.common);
   const std::string haystack = read_haystack(o.haystack_dir);
   auto tm = load_task_model(o.common);

@@ -62,6 +62,15 @@ struct PplOptionsCmd {
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
     f.add("quiet", quiet, "no progress output");
   }
+  void check() const {
+    KVLAB_CHECK(max_tokens == 0 || max_tokens >= 2, "--max-tokens must be >= 2 (or 0 = fit the model), got {}",
+                max_tokens);
+    KVLAB_CHECK(!cache_size.empty(), "--cache-size: give at least one size");
+    KVLAB_CHECK(seed >= 0, "--seed must be >= 0, got {}", seed);
+    require_run_keeps(build_methods(method, param, params), "the command's own exact-token flags");
+    parse_compute_dtype(dtype, "--dtype");
+    parse_device(device, "--device");
+  }
 };
 
 nlohmann::json row_json(const PplRow& r) {
@@ -71,12 +80,7 @@ nlohmann::json row_json(const PplRow& r) {
 }
 
 void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
-  KVLAB_CHECK(o.max_tokens == 0 || o.max_tokens >= 2, "--max-tokens must be >= 2 (or 0 = fit the model), got {}",
-              o.max_tokens);
-  KVLAB_CHECK(!o.cache_size.empty(), "--cache-size: give at least one size");
-  KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   auto methods = build_methods(o.method, o.param, o.params);
-  require_run_keeps(methods, "the command's own exact-token flags");
   const std::string text = read_text_file(o.text, "--text");
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");

@@ -98,6 +98,21 @@ struct ReplayOptions {
                                 "holding context + aggregate + \"rows_file\" (for big runs)")
         .one_of({"inline", "jsonl"});
   }
+  void check() const {
+    if (list_methods) return;
+    KVLAB_CHECK(!capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
+    budget_settings(ratio, budget, T);
+    require_run_keeps(build_methods(method, param, params), "--keep-first / --keep-last");
+    KVLAB_CHECK(seed_list.empty() || seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
+                "of {})", seeds, seed_list.size());
+    seed_values(seeds, seed_list);
+    parse_shard(shard);
+    parse_device(device, "--device");
+    KVLAB_CHECK(keep_first >= 0, "--keep-first must be >= 0, got {}", keep_first);
+    KVLAB_CHECK(keep_last >= 0, "--keep-last must be >= 0, got {}", keep_last);
+    check_queries_spec(eval_queries, "--eval-queries");
+    KVLAB_CHECK(obs_queries >= 0, "--obs-queries must be >= 0, got {}", obs_queries);
+  }
 };
 
 void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
@@ -116,23 +131,14 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     }
     return;
   }
-  KVLAB_CHECK(!o.capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
   auto settings = budget_settings(o.ratio, o.budget, o.T);
   auto methods = build_methods(o.method, o.param, o.params);
-  require_run_keeps(methods, "--keep-first / --keep-last");
-  KVLAB_CHECK(o.seed_list.empty() || o.seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
-              "of {})", o.seeds, o.seed_list.size());
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
-  parse_device(o.device, "--device");
 
   CaptureReader cap(o.capture);
   const auto& meta = cap.meta();
   ReplayProtocol proto;
-  KVLAB_CHECK(o.keep_first >= 0, "--keep-first must be >= 0, got {}", o.keep_first);
-  KVLAB_CHECK(o.keep_last >= 0, "--keep-last must be >= 0, got {}", o.keep_last);
-  check_queries_spec(o.eval_queries, "--eval-queries");
-  KVLAB_CHECK(o.obs_queries >= 0, "--obs-queries must be >= 0, got {}", o.obs_queries);
   proto.keep_first = o.keep_first;
   proto.keep_last = o.keep_last;
   proto.eval_queries = o.eval_queries;

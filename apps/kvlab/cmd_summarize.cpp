@@ -37,13 +37,16 @@ struct SummarizeOptions {
     f.add("stemmer", stemmer, "rouge-score's Porter stemmer (use_stemmer)");
     common.fields(f);
   }
+  void check() const {
+    KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", samples);
+    KVLAB_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = the record's max_tokens), got {}",
+                max_new_tokens);
+    task_branches(common, /*need_files=*/false);
+  }
 };
 
 void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   const auto& c = o.common;
-  KVLAB_CHECK(o.samples == -1 || o.samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", o.samples);
-  KVLAB_CHECK(o.max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = the record's max_tokens), got {}",
-              o.max_new_tokens);
   const auto branches = task_branches(c);
   KVLAB_CHECK(std::filesystem::is_regular_file(o.data), "--data {}: no such file (XSUM records, jsonl)", o.data);
   DatasetOptions dopt;

@@ -45,16 +45,17 @@ struct SynthOptions {
     f.add("seed", seed, "random seed");
     f.add("dtype", dtype, "storage dtype").one_of({"float32", "float16", "bfloat16"});
   }
+  void check() const {
+    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
+    KVLAB_CHECK(queries >= 1 && queries <= tokens, "--queries must be in [1, --tokens={}], got {}", tokens, queries);
+    KVLAB_CHECK(layers >= 1 && samples >= 1 && head_dim >= 1, "--layers, --samples, --head-dim must be >= 1");
+    KVLAB_CHECK(kv_heads >= 1 && q_heads % kv_heads == 0, "--q-heads ({}) must be a multiple of --kv-heads ({})",
+                q_heads, kv_heads);
+  }
 };
 
 void run_synth(const SynthOptions& o, const nlohmann::json& /*effective*/) {
   check_output_file(o.out, "--out", {}, o.overwrite);
-  KVLAB_CHECK(o.tokens >= 1, "--tokens must be >= 1, got {}", o.tokens);
-  KVLAB_CHECK(o.queries >= 1 && o.queries <= o.tokens, "--queries must be in [1, --tokens={}], got {}",
-              o.tokens, o.queries);
-  KVLAB_CHECK(o.layers >= 1 && o.samples >= 1 && o.head_dim >= 1, "--layers, --samples, --head-dim must be >= 1");
-  KVLAB_CHECK(o.kv_heads >= 1 && o.q_heads % o.kv_heads == 0,
-              "--q-heads ({}) must be a multiple of --kv-heads ({})", o.q_heads, o.kv_heads);
   SyntheticSpec s;
   s.kind = o.kind;
   s.n_layers = o.layers;

@@ -71,21 +71,25 @@ struct TsneCmdOptions {
     f.add("results_dir", results_dir, "base directory of results");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
   }
+  void check() const {
+    KVLAB_CHECK(max_iter >= 250 && max_iter <= 1000000, "--max-iter must be in [250, 1000000], got {}", max_iter);
+    KVLAB_CHECK(learning_rate >= 0, "--learning-rate must be > 0, or 0 for auto; got {}", learning_rate);
+    parse_tsne_method(method, "--method");
+    parse_tsne_init(init, "--init");
+    KVLAB_CHECK(kcenter_k >= 1, "--kcenter-k must be >= 1, got {}", kcenter_k);
+  }
 };
 
 void run_tsne(const TsneCmdOptions& o, const nlohmann::json& effective) {
   TsneOptions topt;
   topt.perplexity = o.perplexity;
-  KVLAB_CHECK(o.max_iter >= 250 && o.max_iter <= 1000000, "--max-iter must be in [250, 1000000], got {}", o.max_iter);
   topt.max_iter = int(o.max_iter);
-  KVLAB_CHECK(o.learning_rate >= 0, "--learning-rate must be > 0, or 0 for auto; got {}", o.learning_rate);
   topt.learning_rate = o.learning_rate;
   topt.early_exaggeration = o.early_exaggeration;
   topt.angle = o.angle;
   topt.method = parse_tsne_method(o.method, "--method");
   topt.init = parse_tsne_init(o.init, "--init");
   topt.seed = o.seed;
-  KVLAB_CHECK(o.kcenter_k >= 1, "--kcenter-k must be >= 1, got {}", o.kcenter_k);
 
   CaptureReader cap(o.capture);
   const auto& meta = cap.meta();

@@ -64,6 +64,7 @@ bool Command::resolve() {
     KVLAB_CHECK(!empty, "{} is required (or set '{}' in --config)", f.positional ? f.key : f.flag(),
                 f.key);
   }
+  if (check_) check_();
   if (print_config_) {
     std::cout << fields_.to_json().dump(2) << "\n";
     return false;

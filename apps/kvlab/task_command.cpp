@@ -44,7 +44,7 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("quiet", quiet, "no progress output");
 }
 
-std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
+std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_files) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   parse_shard(o.shard);  // a bad --shard fails before the model loads
   KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
@@ -52,7 +52,7 @@ std::vector<TaskBranch> task_branches(const TaskCommonOptions& o) {
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   parse_task_protocol(o.protocol, o.decode_rule);  // bad values fail before the model loads
-  auto methods = build_methods(names, o.param, o.params, o.preset, o.model);
+  auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   check_observation_queries(compressors, o.obs_queries);  // a window above --obs-queries fails before the model loads

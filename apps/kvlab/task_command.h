@@ -47,8 +47,10 @@ struct TaskCommonOptions {
   void fields(FieldList& f);
 };
 
-// exact first, then every (method, budget); exact is added when --method lacks it.
-std::vector<TaskBranch> task_branches(const TaskCommonOptions& o);
+// exact first, then every (method, budget); exact is added when --method lacks it. With
+// `need_files` false (check() before a dry run), a method whose calibration file is not made yet
+// is left out (compress/method_spec.h).
+std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_files = true);
 
 struct TaskModel {
   ModelSource src;

@@ -907,3 +907,65 @@ TEST_CASE("cli: bounds that reached LibTorch raw, ignored branch flags and empty
                   "--silhouette-k 100000 must be below the points scored per head (200 in sample 0");
   CHECK_FALSE(fs::exists(dir + "/c"));
 }
+
+TEST_CASE("cli: run --dry-run refuses what a step's command would refuse; files an earlier step makes are not required yet "
+          "(issue 26)") {
+  // Before: --dry-run checked each step with --print-config, which parsed the config but ran none of
+  // the command's own checks: an unknown method, a bad --protocol or --max-new-tokens 0 passed the
+  // dry run and failed only when the step ran, after the steps before it.
+  auto dir = test::temp_dir("kvlab_cli_dry_run");
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  auto dry_run = [&](const nlohmann::json& steps) {
+    const std::string path = dir + "/run.json";
+    std::ofstream(path) << nlohmann::json{{"name", "dry"}, {"steps", steps}}.dump(2);
+    return run_kvlab("run " + path + " --dry-run");
+  };
+  auto step = [](const std::string& command, const nlohmann::json& config) {
+    return nlohmann::json{{"command", command}, {"config", config}};
+  };
+  auto with = [](nlohmann::json config, const std::string& key, const nlohmann::json& value) {
+    config[key] = value;
+    return config;
+  };
+  const nlohmann::json synth = step("synth", {{"out", dir + "/c.h5"}, {"kind", "random"}, {"tokens", 64},
+                                              {"queries", 16}, {"layers", 1}, {"q_heads", 2}, {"kv_heads", 1},
+                                              {"head_dim", 8}});
+  const nlohmann::json task = {{"model", model}, {"method", "h2o"}, {"ratio", {0.5}}, {"out", dir + "/t"}};
+  const nlohmann::json replay = {{"capture", dir + "/c.h5"}, {"method", "h2o"}, {"ratio", {0.5}},
+                                 {"out", dir + "/r"}};
+  const std::vector<std::pair<nlohmann::json, std::string>> bad = {
+      {step("longeval", with(task, "method", "h2o_typo")), "h2o_typo"},
+      {step("longeval", with(task, "max_new_tokens", 0)), "--max-new-tokens must be >= 1, got 0"},
+      {step("longeval", with(task, "protocol", "both")), "--protocol"},
+      {step("niah", with(task, "depths", {50, 50})), "--depths: 50 is listed twice"},
+      {step("summarize", with(task, "ratio", {1.5})), "--ratio"},
+      {step("longbench", with(task, "datasets", "no_such_dataset")), "no_such_dataset"},
+      {step("replay", with(replay, "params", {{"h2o", {{"no_such_parameter", 1}}}})), "no_such_parameter"},
+      {step("replay", with(replay, "eval_queries", "first:3")), "--eval-queries"},
+      {step("synth", with(synth["config"], "queries", 65)), "--queries must be in [1, --tokens=64], got 65"},
+      {step("calibrate chelsea", {{"model", model}, {"text", "t.txt"}, {"threshold", 2}, {"out", dir + "/o.json"}}),
+       "--threshold must be a cosine in (-1, 1], got 2"},
+      {step("tsne", {{"capture", dir + "/c.h5"}, {"max_iter", 10}}), "--max-iter must be in [250, 1000000], got 10"},
+  };
+  for (const auto& [s, message] : bad) {
+    auto r = dry_run({synth, s});
+    INFO(s.dump() << "\n" << r.out);
+    CHECK(r.code != 0);
+    CHECK(r.out.find(message) != std::string::npos);
+    CHECK(r.out.find("rejected its config") != std::string::npos);
+  }
+  // The same steps, valid, pass; so does a paper-preset chelsea whose outlier file a calibration
+  // step before it would make (the dry run leaves that check to the step), though the step alone
+  // is refused now, naming the file.
+  const std::string outliers = dir + "/outliers.json";
+  nlohmann::json chelsea = with(with(task, "method", "chelsea"), "params", {{"chelsea", {{"outliers", outliers}}}});
+  chelsea["preset"] = "paper";
+  auto r = dry_run({synth, step("longeval", task), step("replay", replay),
+                    step("calibrate chelsea", {{"model", model}, {"text", "t.txt"}, {"out", outliers}}),
+                    step("niah", chelsea)});
+  CHECK_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("# step 4: niah") != std::string::npos);
+  CHECK_FALSE(fs::exists(outliers));
+  std::ofstream(dir + "/niah.json") << chelsea.dump();
+  check_one_error(run_kvlab("niah --config " + dir + "/niah.json"), outliers);
+}

@@ -58,7 +58,7 @@ nlohmann::json MethodSpec::describe(int64_t run_keep_first, int64_t run_keep_las
 
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset,
-                                      const std::string& model) {
+                                      const std::string& model, bool need_files) {
   check_preset_name(preset);
   std::vector<std::string> names = spec == "all" ? compressor_names() : split(spec, ',');
   KVLAB_CHECK(config_params.is_object(), "'params' in the config must be an object of method -> parameters");
@@ -104,11 +104,19 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
       if (method_params.contains(pre.required_file) && method_params[pre.required_file].is_string())
         method_params[pre.required_file] = expand_model(method_params[pre.required_file].get<std::string>(), model);
       const std::string file = method_params.value(pre.required_file, std::string());
+      if (!need_files && !file.empty() && !std::filesystem::exists(file)) continue;
       KVLAB_CHECK(!file.empty() && std::filesystem::is_regular_file(file),
                   "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {}",
                   name, preset, pre.required_file, file.empty() ? "not given" : "'" + file + "'",
                   expand_model(pre.make_command, model));
     }
+    // A calibration file given by hand (`--param chelsea.outliers=F` under any preset) is read when
+    // the compressor is made; a check before a dry run leaves the method out until it exists.
+    const std::string file_key = method_preset(name, "paper").required_file;
+    if (!need_files && !file_key.empty() && method_params.contains(file_key) && method_params[file_key].is_string() &&
+        !method_params[file_key].get<std::string>().empty() &&
+        !std::filesystem::exists(method_params[file_key].get<std::string>()))
+      continue;
     m.params = method_params;
     m.compressor = make_compressor(name, method_params);
     out.push_back(std::move(m));

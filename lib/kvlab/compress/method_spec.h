@@ -42,10 +42,12 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
 // `config_params`: {"method": {"key": value}}. Unknown methods and parameters are errors.
 // `preset` ("default" | "paper") gives each method's starting parameters and exact tokens; `model`
 // (the run's --model) fills "{model}" in a preset's file names. A preset's required file (Chelsea's
-// outlier heads) must exist: the error names it and the command that makes it.
+// outlier heads) must exist: the error names it and the command that makes it. With
+// `need_files` false (a command's check() before a dry run: an earlier step may make the file) a
+// method whose calibration file does not exist yet is left out of the result instead.
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset = "default",
-                                      const std::string& model = "");
+                                      const std::string& model = "", bool need_files = true);
 
 // For commands whose exact tokens come from their own flags only (replay, ppl, bench): a method
 // with keep_first/keep_last parameters is an error naming `flags`.
