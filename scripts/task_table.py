@@ -2,6 +2,7 @@
 """Markdown tables of a task run (longbench, longeval, niah, summarize) with standard errors.
 
   scripts/task_table.py RUN_DIR [--metric score|rougeL_vs_exact|rouge1|...] [--dataset NAME] [--by METRIC]
+                        [--pairs a-b,c-d]
 
 Reads RUN_DIR/result.json (the protocol, the rows) and RUN_DIR/pred/<branch>/<dataset>.jsonl (one
 line per record). For each branch: the mean of each metric over the records with its standard error
@@ -9,7 +10,8 @@ line per record). For each branch: the mean of each metric over the records with
 peak (these count each branch's own generated tokens), and "mem *" where the entries after
 compression are more than 1% from the setting's median.
 Then the branches sorted by --by (default rougeL_vs_exact), with the paired difference of --by
-between each branch and the next (mean +- SE over the same records, and how many SEs it is).
+between each branch and the next (mean +- SE over the same records, and how many SEs it is), then the
+pairs named by --pairs.
 Used to write the results READMEs from committed runs.
 """
 import argparse
@@ -43,6 +45,9 @@ def main():
     ap.add_argument("--by", default="rougeL_vs_exact", help="the metric the branches are sorted and paired by")
     ap.add_argument("--scale", default="score:100,rouge1:100,rouge2:100,rougeL:100",
                     help="metric:factor pairs applied to the means (score x 100 as the tables print it)")
+    ap.add_argument("--pairs", default="",
+                    help="extra paired differences of --by, e.g. clustergen-h2o,exact-h2o (method names: the "
+                         "branch of each setting whose label starts with the name)")
     args = ap.parse_args()
     result = json.load(open(os.path.join(args.run, "result.json")))
     ctx = result.get("context", {})
@@ -103,6 +108,14 @@ def main():
             order = sorted((b for b in per if b != "exact" and per[b][0].get("setting", "") == st),
                            key=lambda b: -sum(float(per[b][1][i][args.by]) for i in ids))
             pairs += list(zip(order, order[1:]))
+        extra = [p.split("-", 1) for p in args.pairs.split(",") if p]
+        for st in settings:
+            def branch(name):
+                found = [b for b in per if b == name or (b.startswith(name + "_") and per[b][0].get("setting", "") == st)]
+                if not found:
+                    sys.exit(f"--pairs: no branch '{name}' in setting '{st}' of dataset {ds}")
+                return found[0]
+            pairs += [(branch(a), branch(b)) for a, b in extra]
         for a, b in pairs:
             d = [(float(per[a][1][i][args.by]) - float(per[b][1][i][args.by])) * scale.get(args.by, 1.0) for i in ids]
             mu, se = mean_se(d)
