@@ -146,7 +146,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                           {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
                           {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
                           {"entries_peak", r.entries_peak},
-                          {"streaming", spec.stream && compressor_info(m.name).streaming},
+                          {"streaming", spec.stream && streams_while_decoding(m.name)},
                           {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
                           {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
                           {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},

@@ -4,7 +4,9 @@
 //     of the layer (one set for all KV heads), its own token always kept;
 //   * tova's decode-time stream evicts, each step, the held tokens the new query attends to least
 //     (head-averaged), never the new token: a token-by-token list simulation;
-//   * keydiff keeps, per KV head, the b keys of lowest cosine to the mean of the unit keys.
+//   * keydiff keeps, per KV head, the b keys of lowest cosine to the mean of the unit keys;
+//   * lagkv ranks each partition's tokens by the softmaxed std of their keys and values min-max
+//     normalised by the next partition, keeps sinks and tail, and the most recent on a short region.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -189,4 +191,60 @@ TEST_CASE("keydiff keeps the keys of lowest cosine to the mean unit key, per KV 
       CHECK(row(out.kept_idx, h) == naive_top(sc, b));
     }
   }
+}
+
+// LagKV's score of every position of KV head h, by loops (lagkv.cpp's summary).
+std::vector<double> naive_lagkv(const LayerKV& kv, int64_t h, int64_t n_sink, int64_t lag) {
+  const int64_t n = kv.keys.size(1), d = kv.keys.size(2);
+  std::vector<double> sc(n, 1.0);
+  if (n < n_sink + 2 * lag) {
+    for (int64_t j = n_sink; j < n; ++j) sc[j] = double(j - n_sink) / double(n - n_sink);
+    return sc;
+  }
+  const int64_t parts = (n - n_sink) / lag;
+  for (int64_t p = 0; p + 1 < parts; ++p) {
+    const int64_t a = n_sink + p * lag, r = a + lag;  // partition [a, a+lag), reference [r, r+lag)
+    std::vector<double> total(lag, 0.0);
+    for (const at::Tensor* x : {&kv.keys, &kv.values}) {
+      auto X = x->accessor<double, 3>();
+      std::vector<double> sd(lag);
+      for (int64_t i = 0; i < lag; ++i) {
+        std::vector<double> z(d);
+        for (int64_t c = 0; c < d; ++c) {
+          double lo = X[h][r][c], hi = X[h][r][c];
+          for (int64_t t = r; t < r + lag; ++t) lo = std::min(lo, X[h][t][c]), hi = std::max(hi, X[h][t][c]);
+          z[c] = (X[h][a + i][c] - lo) / (hi - lo);
+        }
+        double mean = std::accumulate(z.begin(), z.end(), 0.0) / d, ss = 0;
+        for (double v : z) ss += (v - mean) * (v - mean);
+        sd[i] = std::sqrt(ss / (d - 1));
+      }
+      double denom = 0;
+      for (double v : sd) denom += std::exp(v);
+      for (int64_t i = 0; i < lag; ++i) total[i] += std::exp(sd[i]) / denom / 2;
+    }
+    for (int64_t i = 0; i < lag; ++i) {
+      int64_t below = 0;
+      for (int64_t t = 0; t < lag; ++t) below += total[t] < total[i];
+      sc[a + i] = double(below) / double(lag);
+    }
+  }
+  return sc;
+}
+
+TEST_CASE("lagkv keeps sinks, tail and each partition's most lag-relative tokens; the most recent when short (naive loop)") {
+  // 4 sinks + 3 partitions of 8 + 5: partitions 0 and 1 are scored (against 1 and 2), the tail is
+  // partition 2 and the last 5. 19 tokens < 4 + 2 * 8: nothing is scored against a reference.
+  for (int64_t n : {33, 19}) {
+    auto kv = random_region(n, 2, 2, 2, 6, 31 + n);
+    for (int64_t b : {int64_t(3), int64_t(10), n - 6, n - 1}) {
+      INFO("n=" << n << " budget=" << b);
+      auto out = make_compressor("lagkv", {{"n_sink", 4}, {"lag_size", 8}})->compress(kv, entries(b));
+      for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(naive_lagkv(kv, h, 4, 8), b));
+    }
+  }
+  CHECK(make_compressor("lagkv", {{"n_sink", 4}, {"lag_size", 8}})
+            ->compress(random_region(19, 2, 1, 1, 4, 5), entries(10))
+            .kept_idx[0]
+            .equal(at::cat({at::arange(4, at::kLong), at::arange(13, 19, at::kLong)})));
 }

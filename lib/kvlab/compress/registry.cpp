@@ -33,6 +33,7 @@ std::unique_ptr<Compressor> make_clustergen(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_knorm(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_tova(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_keydiff(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_lagkv(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -55,6 +56,7 @@ MethodPreset paper_preset_clustergen();
 MethodPreset paper_preset_knorm();
 MethodPreset paper_preset_tova();
 MethodPreset paper_preset_keydiff();
+MethodPreset paper_preset_lagkv();
 
 namespace {
 
@@ -103,6 +105,10 @@ const std::vector<CompressorInfo>& table() {
        make_keydiff, paper_preset_keydiff, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: one pass over the keys O(n d) + top-k",
         "known cost: the mean unit key and one cosine per key, O(n·d), and a top-k (KeyDiff, Park et al. 2025)"}},
+      {"lagkv", "keys and values scored against the next partition's range, rank per partition (LagKV; kvpress LagKVPress)",
+       make_lagkv, paper_preset_lagkv, /*halving=*/false, /*streaming=*/true,
+       {1.0, "known: one pass over keys and values O(n d) + top-k",
+        "known cost: per partition a min/max, a normalised std and a softmax over keys and values, O(n·d), and a top-k (LagKV, Liang et al. 2025)"}},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",
