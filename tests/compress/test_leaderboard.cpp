@@ -248,3 +248,40 @@ TEST_CASE("lagkv keeps sinks, tail and each partition's most lag-relative tokens
             .kept_idx[0]
             .equal(at::cat({at::arange(4, at::kLong), at::arange(13, 19, at::kLong)})));
 }
+
+TEST_CASE("adakv shares the layer's H·b entries across heads by score, each head keeping its best α·b (naive loop)") {
+  // Keys of head 1 scaled up: knorm scores it far below head 0, so head 0 takes most of the budget
+  // and head 1 keeps only its safeguard.
+  auto kv = random_region(30, 2, 2, 1, 4, 7);
+  kv.keys[1].mul_(10.0);
+  for (double alpha : {0.2, 0.5, 0.0}) {
+    for (int64_t b : {int64_t(5), int64_t(12)}) {
+      INFO("alpha=" << alpha << " budget=" << b);
+      auto out = make_compressor("adakv", {{"scorer", "knorm"}, {"alpha_safeguard", alpha}})->compress(kv, entries(b));
+      auto K = kv.keys.accessor<double, 3>();
+      std::vector<std::vector<double>> sc(2, std::vector<double>(30));
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 30; ++i) {
+          double nn = 0;
+          for (int64_t c = 0; c < 4; ++c) nn += K[h][i][c] * K[h][i][c];
+          sc[h][i] = -std::sqrt(nn);
+        }
+      const int64_t n_safe = alpha > 0 ? std::max<int64_t>(1, static_cast<int64_t>(alpha * b)) : 0;
+      std::vector<std::vector<int64_t>> want = {naive_top(sc[0], n_safe), naive_top(sc[1], n_safe)};
+      std::vector<double> flat;  // the rest, flattened (head, position); safeguarded ones at -inf
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 30; ++i)
+          flat.push_back(std::count(want[h].begin(), want[h].end(), i) ? -INFINITY : sc[h][i]);
+      for (int64_t f : naive_top(flat, 2 * (b - n_safe))) want[f / 30].push_back(f % 30);
+      for (int64_t h = 0; h < 2; ++h) {
+        std::sort(want[h].begin(), want[h].end());
+        std::vector<int64_t> got;
+        for (int64_t i : row(out.kept_idx, h))
+          if (i >= 0) got.push_back(i);
+        CHECK(got == want[h]);
+      }
+      CHECK(out.mean_entries() == doctest::Approx(double(b)));
+      if (alpha == 0.2) CHECK(want[1].size() == static_cast<size_t>(n_safe));  // head 1 at its floor
+    }
+  }
+}

@@ -90,6 +90,10 @@ class Compressor {
   // 0 = none, k > 0 = the last k, -1 = every prompt query. Generation and the task commands keep at
   // least that many (check_observation_queries); a method never silently gets fewer.
   virtual int64_t observation_queries() const { return 0; }
+  // Methods that keep, per KV head, the top-scoring region positions (knorm, keydiff, lagkv,
+  // snapkv): those scores, [n_kv_heads, n] float64 on CPU, higher = keep, +inf = always kept
+  // (SnapKV's window). Undefined for every other method. adakv.cpp ranks them across heads.
+  virtual at::Tensor keep_scores(const LayerKV& /*kv*/) const { return at::Tensor(); }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
   // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the
   // budget against the tokens seen. kv may be empty (n = 0: a cache streamed from the first

@@ -42,6 +42,7 @@ class KeyDiff final : public Compressor {
   explicit KeyDiff(Params p) : params_(p.effective()) { p.finish(); }
   std::string name() const override { return "keydiff"; }
   nlohmann::json params() const override { return params_; }
+  at::Tensor keep_scores(const LayerKV& kv) const override { return keydiff_scores(kv.keys); }  // [Hkv, n]
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();

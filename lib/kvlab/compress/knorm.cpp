@@ -35,6 +35,7 @@ class Knorm final : public Compressor {
   explicit Knorm(Params p) : params_(p.effective()) { p.finish(); }
   std::string name() const override { return "knorm"; }
   nlohmann::json params() const override { return params_; }
+  at::Tensor keep_scores(const LayerKV& kv) const override { return knorm_scores(kv.keys); }  // [Hkv, n]
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();

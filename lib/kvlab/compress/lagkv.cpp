@@ -93,6 +93,9 @@ class LagKV final : public Compressor {
   }
   std::string name() const override { return "lagkv"; }
   nlohmann::json params() const override { return params_; }
+  at::Tensor keep_scores(const LayerKV& kv) const override {
+    return lagkv_scores(kv.keys, kv.values, n_sink_, lag_size_);  // [Hkv, n]
+  }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();

@@ -34,6 +34,7 @@ std::unique_ptr<Compressor> make_knorm(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_tova(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_keydiff(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_lagkv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -57,6 +58,7 @@ MethodPreset paper_preset_knorm();
 MethodPreset paper_preset_tova();
 MethodPreset paper_preset_keydiff();
 MethodPreset paper_preset_lagkv();
+MethodPreset paper_preset_adakv();
 
 namespace {
 
@@ -109,6 +111,10 @@ const std::vector<CompressorInfo>& table() {
        make_lagkv, paper_preset_lagkv, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: one pass over keys and values O(n d) + top-k",
         "known cost: per partition a min/max, a normalised std and a softmax over keys and values, O(n·d), and a top-k (LagKV, Liang et al. 2025)"}},
+      {"adakv", "a scorer's budget shared across a layer's KV heads, each head at least alpha of it (Ada-KV; kvpress AdaKVPress)",
+       make_adakv, paper_preset_adakv, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: the scorer's cost + a top-k over H n",
+        "known cost: the wrapped scorer's, then a per-head top-k and one over the layer's H·n scores (Ada-KV, Feng et al.)"}},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",

@@ -36,6 +36,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
 
@@ -101,6 +103,14 @@ class SnapKV final : public Compressor {
   std::string name() const override { return "snapkv"; }
   nlohmann::json params() const override { return params_; }
   int64_t observation_queries() const override { return opt_.window; }
+  // The pooled window scores of the prefix keys, +inf for the region keys inside the window.
+  at::Tensor keep_scores(const LayerKV& kv) const override {
+    detail::require_queries(kv, "snapkv");
+    int64_t n_win = 0;
+    auto prefix = snapkv_scores(kv, opt_, &n_win);                                             // [Hkv, n - n_win]
+    auto win = at::full({prefix.size(0), n_win}, std::numeric_limits<double>::infinity(), at::kDouble);  // [Hkv, n_win]
+    return at::cat({prefix, win}, 1).contiguous();                                             // [Hkv, n]
+  }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t b = resolve_budget(opt, kv.n_tokens());

@@ -1,0 +1,113 @@
+// adakv — a scorer's budget shared across the KV heads of a layer, not split evenly.
+//
+// Paper: Yuan Feng, Junlin Lv, Yukun Cao, Xike Xie, S. Kevin Zhou, "Ada-KV: Optimizing KV Cache
+//   Eviction by Adaptive Budget Allocation for Efficient LLM Inference", arXiv:2407.11550
+//   (NeurIPS 2025). Checked against NVIDIA kvpress 0.5.5 `AdaKVPress`
+//   (kvpress/presses/adakv_press.py), which wraps any ScorerPress.
+//
+// Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv or snapkv, the methods with
+// Compressor::keep_scores) scores every region position of every KV head. With a budget of b
+// entries per head, the layer keeps H·b entries in all: first each head's n_safe = ⌊α·b⌋ best
+// (at least 1; the safeguard, α = `alpha_safeguard`), then the best of the rest ranked across
+// all heads of the layer together. A head whose scores are concentrated gives entries to a head
+// whose scores are spread, so heads hold different counts (mean b per head).
+//
+//   scores  [Hkv, n] float64 from the scorer (+inf = always kept)
+//   kept    per head an ascending list of region indices, lengths differing, total H·b
+//
+// Parameters: scorer [snapkv], alpha_safeguard [0.2]; every other parameter is the scorer's own
+//   (e.g. `--param adakv.window=32`), checked by the scorer.
+//
+// Deviations and notes:
+//   - Memory. kvpress keeps the whole cache and masks the pruned keys with a "fake key" while
+//     decoding ("does not reduce peak memory", its docs say); kvlab drops them. Its per-layer
+//     tensors are still padded to the longest head (padding slots carry bias −inf, attend to
+//     nothing and are not counted as entries), so the live entries are H·b but the bytes held are
+//     H·max_h(count_h): a ragged cache is left for later.
+//   - Ties go to the lower (head, position) (torch.topk leaves them unspecified).
+//   - Prefill-only (as kvpress): decoded tokens are appended exactly to every head.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "kvlab/compress/compressor.h"
+#include "kvlab/compress/preset.h"
+#include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+namespace {
+
+const std::vector<std::string> kScorers = {"snapkv", "knorm", "keydiff", "lagkv"};
+
+class AdaKV final : public Compressor {
+ public:
+  explicit AdaKV(const nlohmann::json& given) {
+    nlohmann::json own = nlohmann::json::object(), inner = nlohmann::json::object();
+    for (auto it = given.begin(); it != given.end(); ++it)
+      (it.key() == "scorer" || it.key() == "alpha_safeguard" ? own : inner)[it.key()] = it.value();
+    Params p(own, "adakv");
+    scorer_name_ = p.get_string("scorer", "snapkv", kScorers);
+    alpha_ = p.get_double("alpha_safeguard", 0.2);
+    KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "adakv: parameter 'alpha_safeguard' must be in [0, 1], got {}", alpha_);
+    p.finish();
+    scorer_ = make_compressor(scorer_name_, inner);
+    params_ = p.effective();
+    const nlohmann::json inner_effective = scorer_->params();  // a named copy: items() of a temporary dangles
+    for (auto it = inner_effective.begin(); it != inner_effective.end(); ++it) params_[it.key()] = it.value();
+  }
+  std::string name() const override { return "adakv"; }
+  nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return scorer_->observation_queries(); }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+    const int64_t b = resolve_budget(opt, n);
+    if (b >= n) return keep_all(kv);
+    at::Tensor scores = scorer_->keep_scores(kv);  // [Hkv, n]
+    KVLAB_CHECK(scores.defined(), "adakv: scorer '{}' gives no per-position scores", scorer_name_);
+    const double* sc = scores.data_ptr<double>();
+    // Safeguard: each head's n_safe best, then the rest of the layer's H·b by score across heads.
+    const int64_t n_safe = alpha_ > 0 && b > 0 ? std::max<int64_t>(1, static_cast<int64_t>(alpha_ * b)) : 0;
+    std::vector<char> kept(static_cast<size_t>(h_kv * n), 0);
+    for (int64_t h = 0; h < h_kv; ++h)
+      for (int64_t i : detail::top_k_indices(sc + h * n, n, n_safe)) kept[h * n + i] = 1;
+    std::vector<int64_t> rest;  // flat (head, position) indices not safeguarded
+    for (int64_t f = 0; f < h_kv * n; ++f)
+      if (!kept[f]) rest.push_back(f);
+    const int64_t more = h_kv * b - h_kv * n_safe;
+    auto better = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
+    std::nth_element(rest.begin(), rest.begin() + more, rest.end(), better);
+    for (int64_t j = 0; j < more; ++j) kept[rest[j]] = 1;
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
+    for (int64_t h = 0; h < h_kv; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        if (kept[h * n + i]) rows[h].push_back(i);
+    return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, max_h count_h]
+  }
+
+ private:
+  std::string scorer_name_;
+  double alpha_ = 0.2;
+  std::unique_ptr<Compressor> scorer_;
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params) { return std::make_unique<AdaKV>(params); }
+
+// Preset "paper": Ada-KV's own experiments wrap SnapKV (Ada-SnapKV, window 32, max-pool kernel 7,
+// as SnapKV's LongBench config) with α = 0.2 (the released code's floor_alpha; kvpress's default).
+MethodPreset paper_preset_adakv() {
+  return {{{"scorer", "snapkv"}, {"alpha_safeguard", 0.2}, {"window", 32}, {"kernel", 7}, {"pooling", "max"}},
+          0,
+          0,
+          "Feng et al. (Ada-KV): Ada-SnapKV, window 32, kernel 7 max-pool, safeguard alpha 0.2",
+          "",
+          ""};
+}
+
+}  // namespace kvlab
