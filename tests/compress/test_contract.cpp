@@ -10,6 +10,7 @@
 #include <set>
 
 #include "kvlab/attention/metrics.h"
+#include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
 #include "kvlab/io/synthetic.h"
@@ -38,7 +39,9 @@ ReplayUnit synthetic_unit(const std::string& kind, int64_t n, int64_t n_q, uint6
   ReplayProtocol windows;
   windows.eval_queries = "last:" + std::to_string(n_q);
   windows.obs_queries = n_q;
-  return make_unit(t.q, t.k, t.v, windows);
+  ReplayUnit u = make_unit(t.q, t.k, t.v, windows);
+  u.inv_freq = rope_inv_freq(10000.0, s.head_dim, RopeScaling{});  // expected_attention un-rotates with them
+  return u;
 }
 
 // Methods that reach a budget by halving land on n >> T, not on an arbitrary budget.
@@ -111,7 +114,7 @@ TEST_CASE("contract: same seed gives identical output") {
 }
 
 TEST_CASE("registry: every entry makes a compressor whose name() is the entry's name") {
-  CHECK(compressor_infos().size() == 22);
+  CHECK(compressor_infos().size() == 23);
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     CHECK(make_compressor(info.name, nlohmann::json::object())->name() == info.name);

@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "kvlab/attention/exact_cache.h"
+#include "kvlab/attention/rope.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/core/check.h"
@@ -60,6 +61,7 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
   p.eval_queries = "last:1";
   p.obs_queries = n_obs;
   auto u = make_unit(t.q, t.k, t.v, p);
+  u.inv_freq = rope_inv_freq(10000.0, 16, RopeScaling{});  // expected_attention un-rotates with them
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     const MethodSpec m = method(info.name);
@@ -69,7 +71,8 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
     co.seed = 5;
     // Generation: compress the prefill's layer, then decode one token through the cache.
     CompressedLayer layer = compress_layer(*m.compressor, co, t.k.narrow(1, 0, n), t.v.narrow(1, 0, n),
-                                           t.q.narrow(1, 0, n_obs), keep_first, 0, 0, 1);
+                                           t.q.narrow(1, 0, n_obs), keep_first, 0, 0, 1, nullptr, false, false,
+                                           at::Tensor(), u.inv_freq);
     CompressedAttention attn({layer});
     // A sliding window the position lies past is refused, in one line naming it (issue 24).
     CHECK_THROWS_WITH_AS(attn.attend(0, t.q.narrow(1, n_obs, 1), t.k.narrow(1, n, 1), t.v.narrow(1, n, 1), n,

@@ -64,10 +64,12 @@ struct CompressedLayer {
 // streaming method (stream = true) keeps its ratio of the tokens it has seen, unconverted.
 // `attention_sums` [Hq, n] float64 (optional, only with q_obs = every prompt query): the prefill's
 // per-query-head attention sums (LayerKV::attention_sums), narrowed to the region.
+// `rope_inv_freq` [head_dim / 2] (optional): the model's RoPE frequencies (LayerKV::rope_inv_freq).
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
-                               bool count_whole = false, const at::Tensor& attention_sums = at::Tensor());
+                               bool count_whole = false, const at::Tensor& attention_sums = at::Tensor(),
+                               const at::Tensor& rope_inv_freq = at::Tensor());
 
 class CompressedAttention : public AttentionBackend {
  public:

@@ -5,7 +5,7 @@
 //   (NeurIPS 2025). Checked against NVIDIA kvpress 0.5.5 `AdaKVPress`
 //   (kvpress/presses/adakv_press.py), which wraps any ScorerPress.
 //
-// Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv or snapkv, the methods with
+// Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv, snapkv or expected_attention, the methods with
 // Compressor::keep_scores) scores every region position of every KV head. With a budget of b
 // entries per head, the layer keeps H·b entries in all: first each head's n_safe = ⌊α·b⌋ best
 // (at least 1; the safeguard, α = `alpha_safeguard`), then the best of the rest ranked across
@@ -40,7 +40,7 @@ namespace kvlab {
 
 namespace {
 
-const std::vector<std::string> kScorers = {"snapkv", "knorm", "keydiff", "lagkv"};
+const std::vector<std::string> kScorers = {"snapkv", "knorm", "keydiff", "lagkv", "expected_attention"};
 
 class AdaKV final : public Compressor {
  public:

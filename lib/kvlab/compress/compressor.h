@@ -45,6 +45,9 @@ struct LayerKV {
   // it (h2o/cam with every query, buzz); detail::accumulated_attention uses it for gqa_reduce mean
   // and sum. Undefined = computed from the queries. Dropped when the queries are narrowed.
   at::Tensor attention_sums;
+  // Optional, [head_dim / 2] float32: the RoPE frequencies the keys and queries were rotated with
+  // (attention/rope.h; undefined = unknown). expected_attention un-rotates the queries with them.
+  at::Tensor rope_inv_freq;
 
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }
@@ -91,7 +94,7 @@ class Compressor {
   // least that many (check_observation_queries); a method never silently gets fewer.
   virtual int64_t observation_queries() const { return 0; }
   // Methods that keep, per KV head, the top-scoring region positions (knorm, keydiff, lagkv,
-  // snapkv): those scores, [n_kv_heads, n] float64 on CPU, higher = keep, +inf = always kept
+  // snapkv, expected_attention): those scores, [n_kv_heads, n] float64 on CPU, higher = keep, +inf = always kept
   // (SnapKV's window). Undefined for every other method. adakv.cpp ranks them across heads.
   virtual at::Tensor keep_scores(const LayerKV& /*kv*/) const { return at::Tensor(); }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and

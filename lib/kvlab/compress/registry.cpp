@@ -35,6 +35,7 @@ std::unique_ptr<Compressor> make_tova(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_keydiff(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_lagkv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_expected_attention(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -59,6 +60,7 @@ MethodPreset paper_preset_tova();
 MethodPreset paper_preset_keydiff();
 MethodPreset paper_preset_lagkv();
 MethodPreset paper_preset_adakv();
+MethodPreset paper_preset_expected_attention();
 
 namespace {
 
@@ -111,6 +113,10 @@ const std::vector<CompressorInfo>& table() {
        make_lagkv, paper_preset_lagkv, /*halving=*/false, /*streaming=*/true,
        {1.0, "known: one pass over keys and values O(n d) + top-k",
         "known cost: per partition a min/max, a normalised std and a softmax over keys and values, O(n·d), and a top-k (LagKV, Liang et al. 2025)"}},
+      {"expected_attention", "attention expected from a Gaussian of the prompt's pre-RoPE queries moved to future positions, times |v| (kvpress ExpectedAttentionPress)",
+       make_expected_attention, paper_preset_expected_attention, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: query statistics O(m d^2) + O(n d^2) scores",
+        "known cost: the mean and covariance of m queries O(m·d²) per head, then k·mu and k^T Sigma k for n keys, O(n·d²), and a top-k (Devoto et al. 2025)"}},
       {"adakv", "a scorer's budget shared across a layer's KV heads, each head at least alpha of it (Ada-KV; kvpress AdaKVPress)",
        make_adakv, paper_preset_adakv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: the scorer's cost + a top-k over H n",

@@ -90,7 +90,8 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     const bool share = all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1);
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
-                                    spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor()));
+                                    spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor(),
+                                    model.inv_freq));
   }
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();
