@@ -6,7 +6,10 @@
 //     (head-averaged), never the new token: a token-by-token list simulation;
 //   * keydiff keeps, per KV head, the b keys of lowest cosine to the mean of the unit keys;
 //   * lagkv ranks each partition's tokens by the softmaxed std of their keys and values min-max
-//     normalised by the next partition, keeps sinks and tail, and the most recent on a short region.
+//     normalised by the next partition, keeps sinks and tail, and the most recent on a short region;
+//   * adakv shares the layer's budget across heads by score above a per-head safeguard;
+//   * expected_attention scores keys by the expected attention of a Gaussian fitted to the
+//     un-rotated queries and moved by the average rotation, times |v|.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +19,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
 
 using namespace kvlab;
@@ -283,5 +287,115 @@ TEST_CASE("adakv shares the layer's H·b entries across heads by score, each hea
       CHECK(out.mean_entries() == doctest::Approx(double(b)));
       if (alpha == 0.2) CHECK(want[1].size() == static_cast<size_t>(n_safe));  // head 1 at its floor
     }
+  }
+}
+
+// expected_attention's scores by loops: queries un-rotated pair by pair (RoPE with theta 10000,
+// lanes i and i + d/2), mean and covariance, the average rotation of the next F positions, the
+// Gaussian's expected logits, a softmax per query head over the keys past the sinks, the group's
+// mean, times |v|; sinks +inf.
+std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int64_t n_sink, int64_t future) {
+  const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0);
+  const int64_t g = h_q / h_kv, half = d / 2, n_obs = kv.queries.size(1);
+  auto Q = kv.queries.accessor<double, 3>();
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto qp = kv.query_pos.accessor<int64_t, 1>();
+  std::vector<double> freq(half);
+  for (int64_t i = 0; i < half; ++i) freq[i] = 1.0 / std::pow(10000.0, double(2 * i) / double(d));
+  // The average rotation: per lane pair, mean cos and mean sin over positions t0 .. t0 + future - 1.
+  const int64_t t0 = qp[n_obs - 1] + 1;
+  std::vector<double> cbar(half, 0.0), sbar(half, 0.0);
+  for (int64_t t = t0; t < t0 + future; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      // float32 angles, as rope_cos_sin (and transformers) form them
+      const float a = static_cast<float>(t) * static_cast<float>(freq[i]);
+      cbar[i] += std::cos(double(a)) / future, sbar[i] += std::sin(double(a)) / future;
+    }
+  auto rotate = [&](const std::vector<double>& x) {  // R̄ x
+    std::vector<double> y(d);
+    for (int64_t i = 0; i < half; ++i) {
+      y[i] = cbar[i] * x[i] - sbar[i] * x[i + half];
+      y[i + half] = cbar[i] * x[i + half] + sbar[i] * x[i];
+    }
+    return y;
+  };
+  std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, 0.0));
+  for (int64_t hq = 0; hq < h_q; ++hq) {
+    std::vector<std::vector<double>> pre;
+    for (int64_t j = 0; j < n_obs; ++j) {
+      if (qp[j] < n_sink) continue;
+      std::vector<double> x(d);
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(qp[j]) * static_cast<float>(freq[i]);
+        const double c = std::cos(double(a)), s = std::sin(double(a));
+        x[i] = Q[hq][j][i] * c + Q[hq][j][i + half] * s;
+        x[i + half] = Q[hq][j][i + half] * c - Q[hq][j][i] * s;
+      }
+      pre.push_back(x);
+    }
+    const double m = double(pre.size());
+    std::vector<double> mu(d, 0.0);
+    for (const auto& x : pre)
+      for (int64_t c = 0; c < d; ++c) mu[c] += x[c] / m;
+    std::vector<std::vector<double>> cov(d, std::vector<double>(d, 0.0)), rc(d), rcr(d, std::vector<double>(d));
+    for (const auto& x : pre)
+      for (int64_t a = 0; a < d; ++a)
+        for (int64_t b = 0; b < d; ++b) cov[a][b] += (x[a] - mu[a]) * (x[b] - mu[b]) / m;
+    for (int64_t b = 0; b < d; ++b) {  // columns of R̄ Σ, then rows of (R̄ Σ) R̄ᵀ = R̄ (R̄ Σ)ᵀ transposed
+      std::vector<double> col(d);
+      for (int64_t a = 0; a < d; ++a) col[a] = cov[a][b];
+      rc[b] = rotate(col);  // rc[b][a] = (R̄Σ)[a][b]
+    }
+    for (int64_t a = 0; a < d; ++a) {
+      std::vector<double> row(d);
+      for (int64_t b = 0; b < d; ++b) row[b] = rc[b][a];
+      auto r = rotate(row);  // (R̄ (R̄Σ)[a,:]ᵀ)[b] = (R̄Σ R̄ᵀ)[a][b]
+      for (int64_t b = 0; b < d; ++b) rcr[a][b] = r[b];
+    }
+    const auto mur = rotate(mu);
+    const int64_t kh = hq / g;
+    std::vector<double> logit(n, -INFINITY);
+    double mx = -INFINITY, z = 0;
+    for (int64_t j = n_sink; j < n; ++j) {
+      double l = 0, quad = 0;
+      for (int64_t a = 0; a < d; ++a) l += K[kh][j][a] * mur[a];
+      for (int64_t a = 0; a < d; ++a)
+        for (int64_t b = 0; b < d; ++b) quad += K[kh][j][a] * rcr[a][b] * K[kh][j][b];
+      logit[j] = l / std::sqrt(double(d)) + quad / double(d) / 2.0;
+      mx = std::max(mx, logit[j]);
+    }
+    for (int64_t j = n_sink; j < n; ++j) z += std::exp(logit[j] - mx);
+    for (int64_t j = n_sink; j < n; ++j) out[kh][j] += std::exp(logit[j] - mx) / z / double(g);
+  }
+  for (int64_t h = 0; h < h_kv; ++h)
+    for (int64_t j = 0; j < n; ++j) {
+      if (j < n_sink) {
+        out[h][j] = INFINITY;
+        continue;
+      }
+      double vn = 0;
+      for (int64_t c = 0; c < d; ++c) vn += V[h][j][c] * V[h][j][c];
+      out[h][j] *= std::sqrt(vn);
+    }
+  return out;
+}
+
+TEST_CASE("expected_attention keeps the keys of highest expected attention under the queries' Gaussian times |v| (naive loop)") {
+  // Every position's query, as generation gives it (observation_queries -1).
+  auto kv = random_region(40, 40, 2, 2, 8, 41);
+  kv.rope_inv_freq = rope_inv_freq(10000.0, 8, RopeScaling{});
+  auto c = make_compressor("expected_attention", {{"n_future_positions", 16}, {"n_sink", 3}});
+  const auto want = naive_expected_attention(kv, 3, 16);
+  auto mine = c->keep_scores(kv);  // [Hkv, n]
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 40; ++j) {
+      INFO("head " << h << " position " << j);
+      if (j < 3) CHECK(std::isinf(mine[h][j].item<double>()));
+      else CHECK(mine[h][j].item<double>() == doctest::Approx(want[h][j]).epsilon(1e-6));  // angles: float32 vs float64
+    }
+  for (int64_t b : {int64_t(5), int64_t(20)}) {
+    auto out = c->compress(kv, entries(b));
+    for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(want[h], b));
   }
 }
