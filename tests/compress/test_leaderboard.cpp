@@ -21,6 +21,8 @@
 
 #include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/preset.h"
+#include "kvlab/core/check.h"
 
 using namespace kvlab;
 
@@ -398,4 +400,23 @@ TEST_CASE("expected_attention keeps the keys of highest expected attention under
     auto out = c->compress(kv, entries(b));
     for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(want[h], b));
   }
+}
+
+TEST_CASE("a wrapper composes with a scorer by name: adakv:knorm is adakv with scorer=knorm; its paper preset is the scorer's") {
+  auto kv = random_region(30, 2, 2, 1, 4, 9);
+  auto a = make_compressor("adakv:knorm", nlohmann::json::object())->compress(kv, entries(8));
+  auto b = make_compressor("adakv", {{"scorer", "knorm"}})->compress(kv, entries(8));
+  CHECK(a.kept_idx.equal(b.kept_idx));
+  CHECK(compressor_info("adakv:knorm").name == "adakv");
+  const MethodPreset p = method_preset("adakv:expected_attention", "paper");
+  CHECK(p.params == nlohmann::json{{"scorer", "expected_attention"}, {"alpha_safeguard", 0.2},
+                                   {"n_future_positions", 512}, {"n_sink", 4}, {"use_covariance", true},
+                                   {"use_vnorm", true}, {"epsilon", 0.0}});
+  CHECK(method_preset("adakv", "paper").params == method_preset("adakv:snapkv", "paper").params);
+  CHECK(method_preset("adakv:knorm", "default").params == nlohmann::json{{"scorer", "knorm"}});
+  CHECK_THROWS_WITH_AS(make_compressor("knorm:snapkv", {}), doctest::Contains("'knorm' is not a wrapper"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("adakv:knrom", {}), doctest::Contains("Did you mean: knorm?"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("adakv:knorm", {{"scorer", "lagkv"}}), doctest::Contains("contradicts the name"),
+                       Error);
+  CHECK_THROWS_WITH_AS(make_compressor("adakv:chelsea", {}), doctest::Contains("parameter 'scorer'"), Error);
 }

@@ -170,10 +170,17 @@ struct CompressorInfo {
   // tokens are appended exactly, as the papers and peer tools do).
   bool streaming = false;
   CostClaim cost;
+  // Wraps a per-head scorer (adakv): `--method adakv:expected_attention` composes it with one; the
+  // bare name uses the scorer of its paper preset. The wrapper's own parameters are `scorer` and
+  // those its paper preset sets besides the scorer's.
+  bool wrapper = false;
 };
 
+// `name` may compose a wrapper with a scorer, "adakv:knorm" (the scorer given as the wrapper's
+// `scorer` parameter).
 std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohmann::json& params);
-// The entry of `name`; an unknown name is an error suggesting the closest.
+// The entry of `name` (of its wrapper for a composed name); an unknown name is an error suggesting
+// the closest.
 const CompressorInfo& compressor_info(const std::string& name);
 const std::vector<CompressorInfo>& compressor_infos();
 std::vector<std::string> compressor_names();

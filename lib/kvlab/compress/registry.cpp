@@ -120,7 +120,8 @@ const std::vector<CompressorInfo>& table() {
       {"adakv", "a scorer's budget shared across a layer's KV heads, each head at least alpha of it (Ada-KV; kvpress AdaKVPress)",
        make_adakv, paper_preset_adakv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: the scorer's cost + a top-k over H n",
-        "known cost: the wrapped scorer's, then a per-head top-k and one over the layer's H·n scores (Ada-KV, Feng et al.)"}},
+        "known cost: the wrapped scorer's, then a per-head top-k and one over the layer's H·n scores (Ada-KV, Feng et al.)"},
+       /*wrapper=*/true},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",
@@ -168,11 +169,37 @@ const std::vector<CompressorInfo>& table() {
 
 }  // namespace
 
+namespace {
+
+// "wrapper:scorer" -> {wrapper, scorer}; a plain name -> {name, ""}. Errors name the method.
+std::pair<std::string, std::string> split_composed(const std::string& name) {
+  const auto colon = name.find(':');
+  if (colon == std::string::npos) return {name, ""};
+  const std::string w = name.substr(0, colon), s = name.substr(colon + 1);
+  const CompressorInfo* info = nullptr;
+  for (const auto& e : table())
+    if (e.name == w) info = &e;
+  KVLAB_CHECK(info && info->wrapper, "method '{}': '{}' is not a wrapper (wrappers compose as wrapper:scorer, e.g. "
+              "adakv:knorm)", name, w);
+  KVLAB_CHECK(!s.empty() && s.find(':') == std::string::npos, "method '{}': give one scorer after '{}:'", name, w);
+  compressor_info(s);  // a known method, or the error suggesting one
+  return {w, s};
+}
+
+}  // namespace
+
 std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohmann::json& params) {
-  return compressor_info(name).make(params);
+  const auto [w, s] = split_composed(name);
+  if (s.empty()) return compressor_info(name).make(params);
+  nlohmann::json p = params.is_null() ? nlohmann::json::object() : params;
+  KVLAB_CHECK(!p.contains("scorer") || p["scorer"] == s, "method '{}': parameter 'scorer' ({}) contradicts the name",
+              name, p["scorer"].dump());
+  p["scorer"] = s;
+  return compressor_info(w).make(p);
 }
 
 const CompressorInfo& compressor_info(const std::string& name) {
+  if (name.find(':') != std::string::npos) return compressor_info(split_composed(name).first);
   for (const auto& e : table())
     if (name == e.name) return e;
   auto names = compressor_names();
@@ -191,11 +218,28 @@ std::vector<std::string> compressor_names() {
 
 MethodPreset method_preset(const std::string& name, const std::string& preset) {
   check_preset_name(preset);
-  const CompressorInfo& info = compressor_info(name);
-  if (preset == "paper") return info.paper();
-  MethodPreset d;
-  d.source = "the method's parameter defaults";
-  return d;
+  auto [w, s] = split_composed(name);
+  const CompressorInfo& info = compressor_info(w);
+  if (preset != "paper") {
+    MethodPreset d;
+    d.source = "the method's parameter defaults";
+    if (!s.empty()) d.params["scorer"] = s;
+    return d;
+  }
+  if (!info.wrapper) return info.paper();
+  // A wrapper's paper setting over its scorer's: the scorer's parameters and exact tokens from the
+  // scorer's own preset, the wrapper's own parameters (those its preset sets that its default
+  // scorer's preset does not) on top.
+  const MethodPreset own = info.paper();
+  const std::string default_scorer = own.params.value("scorer", std::string());
+  if (s.empty()) s = default_scorer;
+  const MethodPreset inner = method_preset(s, "paper"), base = method_preset(default_scorer, "paper");
+  MethodPreset out = inner;
+  for (auto it = own.params.begin(); it != own.params.end(); ++it)
+    if (!base.params.contains(it.key())) out.params[it.key()] = it.value();
+  out.params["scorer"] = s;
+  out.source = own.source + "; scorer: " + inner.source;
+  return out;
 }
 
 bool streams_while_decoding(const std::string& name) {
