@@ -10,12 +10,14 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/attention/rope.h"
 #include "kvlab/cache/compressed_cache.h"
+#include "kvlab/compress/stream.h"
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
@@ -203,4 +205,53 @@ TEST_CASE("one prefill shared by branches gives what separate runs give") {
   // The prefill is left as it was by every branch.
   Prefill again = run_prefill(model, prompt, 8);
   for (size_t l = 0; l < again.k.size(); ++l) CHECK(again.k[l].equal(shared.k[l]));
+}
+
+TEST_CASE("adakv's heads hold different counts without padding: peak bytes as a flat method's at the same budget") {
+  // Synthetic layer, 3 KV heads of very different key norms: knorm's scores differ across heads,
+  // so adakv:knorm gives the heads unequal counts. Decoding appends to each head's own set.
+  SyntheticSpec s;
+  s.kind = "heavy";
+  s.n_q_heads = 6;
+  s.n_kv_heads = 3;
+  s.head_dim = 16;
+  s.n_tokens = 203;
+  s.n_q = 35;
+  s.seed = 11;
+  auto t = synthetic_layer(s, 0, 0);  // q [6, 35, 16], k, v [3, 203, 16] (float32)
+  t.k[1].mul_(4.0);
+  t.k[2].mul_(0.25);
+  const int64_t n = 200, n_obs = 32;
+  CompressOptions co;
+  co.budget = Budget::of_ratio(0.25);  // 50 per head
+  auto build = [&](const std::string& name) {
+    auto c = make_compressor(name, nlohmann::json::object());
+    return compress_layer(*c, co, t.k.narrow(1, 0, n), t.v.narrow(1, 0, n), t.q.narrow(1, 0, n_obs), 0, 0, 0, 1);
+  };
+  CompressedLayer padded = build("adakv:knorm");
+  std::vector<int64_t> counts;
+  for (int64_t h = 0; h < 3; ++h) counts.push_back(at::isfinite(padded.num.bias[h]).sum().item<int64_t>());
+  INFO("per-head counts " << counts[0] << " " << counts[1] << " " << counts[2]);
+  REQUIRE(counts[0] + counts[1] + counts[2] == 150);
+  REQUIRE(*std::max_element(counts.begin(), counts.end()) > 60);  // unequal: padding would cost
+  CompressedAttention ada({padded}), flat({build("knorm")});
+  CHECK(ada.layer(0).ragged());
+  CHECK_FALSE(flat.layer(0).ragged());
+  for (int64_t step = 0; step < 3; ++step) {
+    const int64_t p = n + step;
+    auto q = t.q.narrow(1, n_obs + step, 1), k = t.k.narrow(1, p, 1), v = t.v.narrow(1, p, 1);
+    // The ragged cache attends as the padded layer does (padding weighs exp(-inf) = 0).
+    KVSet ref = padded.num;
+    append_exact(ref, k, v, p);
+    padded.num = ref;
+    AttentionOptions ao;
+    ao.query_pos = at::full({1}, p, at::kLong);
+    auto want = attention(q, ref, nullptr, ao);  // [6, 1, 16]
+    auto got = ada.attend(0, q, k, v, p, 0);
+    CHECK(test::max_rel_diff(got, want, 1e-3) < 1e-4);  // float32, another summation order
+    flat.attend(0, q, k, v, p, 0);
+  }
+  CHECK(ada.live_entries() == doctest::Approx(53.0));
+  CHECK(ada.peak_bytes() == flat.peak_bytes());  // 3 x 53 entries either way
+  for (int64_t h = 0; h < 3; ++h) CHECK(ada.layer(0).kept(h)["positions"].size() == size_t(counts[h] + 3));
 }

@@ -1,5 +1,6 @@
 #include "kvlab/cache/compressed_cache.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -25,8 +26,30 @@ KVSet concat(const KVSet& a, const KVSet& b) {
 }  // namespace
 
 int64_t CompressedLayer::bytes() const {
-  return set_bytes(num) + set_bytes(den) + (stream ? set_bytes(stream->held()) : 0) +
+  int64_t ragged_bytes = 0;
+  for (const auto& s : heads) ragged_bytes += set_bytes(s);
+  return set_bytes(num) + set_bytes(den) + ragged_bytes + (stream ? set_bytes(stream->held()) : 0) +
          (stream && stream->den() ? set_bytes(*stream->den()) : 0);
+}
+
+void CompressedLayer::split_heads() {
+  if (ragged() || stream || has_den() || !num.keys.defined() || !num.bias.defined() || num.keys.size(0) < 2) return;
+  auto live = at::isfinite(num.bias);  // [Hkv, m]
+  if (live.all().item<bool>()) return;
+  const at::Tensor org = origin.defined() ? origin : num.pos;
+  const at::Tensor pos = num.pos.dim() == 2 ? num.pos : num.pos.unsqueeze(0).expand({num.keys.size(0), num.pos.size(0)});
+  for (int64_t h = 0; h < num.keys.size(0); ++h) {
+    auto idx = live[h].nonzero().squeeze(1);  // [m_h]
+    KVSet s;
+    s.keys = num.keys.narrow(0, h, 1).index_select(1, idx).contiguous();      // [1, m_h, d]
+    s.values = num.values.narrow(0, h, 1).index_select(1, idx).contiguous();  // [1, m_h, d]
+    s.bias = num.bias.narrow(0, h, 1).index_select(1, idx).contiguous();      // [1, m_h]
+    s.pos = pos.narrow(0, h, 1).index_select(1, idx).contiguous();            // [1, m_h]
+    heads.push_back(std::move(s));
+    head_origin.push_back(org.narrow(0, h, 1).index_select(1, idx).contiguous());
+  }
+  num = KVSet{};
+  origin = at::Tensor();
 }
 
 namespace {
@@ -39,6 +62,11 @@ at::Tensor live_per_head(const KVSet& s) {
 }  // namespace
 
 double CompressedLayer::live_entries() const {
+  if (ragged()) {
+    double e = 0;
+    for (const auto& s : heads) e += double(s.keys.size(1));
+    return e / double(heads.size());
+  }
   at::Tensor n = live_per_head(num);
   if (stream) {
     at::Tensor h = live_per_head(stream->held());
@@ -50,11 +78,11 @@ double CompressedLayer::live_entries() const {
 nlohmann::json CompressedLayer::kept(int64_t h) const {
   std::vector<int64_t> positions;
   std::vector<double> weights;
-  auto add = [&](const KVSet& s, const at::Tensor& org) {
+  auto add = [&](const KVSet& s, const at::Tensor& org, int64_t row) {
     if (!s.keys.defined() || s.keys.size(1) == 0) return;
-    auto b = s.bias.defined() ? s.bias[h].to(at::kCPU, at::kDouble).contiguous()
+    auto b = s.bias.defined() ? s.bias[row].to(at::kCPU, at::kDouble).contiguous()
                               : at::zeros({s.keys.size(1)}, at::kDouble);
-    auto o = org[h].to(at::kCPU, at::kLong).contiguous();
+    auto o = org[row].to(at::kCPU, at::kLong).contiguous();
     for (int64_t i = 0; i < b.size(0); ++i) {
       const double bi = b[i].item<double>();
       if (!std::isfinite(bi)) continue;
@@ -62,15 +90,24 @@ nlohmann::json CompressedLayer::kept(int64_t h) const {
       weights.push_back(std::exp(bi));
     }
   };
-  add(num, origin.defined() ? origin : num.pos);
+  if (ragged()) {
+    add(heads.at(h), head_origin.at(h), 0);
+    return {{"positions", positions}, {"weights", weights}};
+  }
+  add(num, origin.defined() ? origin : num.pos, h);
   if (stream) {
     const KVSet& held = stream->held();
-    add(held, held.pos.dim() == 2 ? held.pos : held.pos.unsqueeze(0).expand({held.keys.size(0), held.pos.size(0)}));
+    add(held, held.pos.dim() == 2 ? held.pos : held.pos.unsqueeze(0).expand({held.keys.size(0), held.pos.size(0)}), h);
   }
   return {{"positions", positions}, {"weights", weights}};
 }
 
 int64_t CompressedLayer::entries() const {
+  if (ragged()) {
+    int64_t m = 0;
+    for (const auto& s : heads) m = std::max(m, s.keys.size(1));
+    return m;
+  }
   return num.keys.size(1) + (stream ? stream->held().keys.size(1) : 0);
 }
 
@@ -131,7 +168,8 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
 }
 
 CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : layers_(std::move(layers)) {
-  for (const auto& l : layers_) {
+  for (auto& l : layers_) {
+    l.split_heads();  // heads of different counts hold no padding
     peak_.push_back(l.bytes());
     peak_entries_.push_back(l.live_entries());
   }
@@ -163,6 +201,20 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
     l.stream->settle(q, l.num.keys.size(1) ? l.num.keys : at::Tensor());
+  } else if (l.ragged()) {
+    // Each KV head over its own entries, with its group of query heads. q [Hq, T, d].
+    const int64_t h_kv = static_cast<int64_t>(l.heads.size()), g = q.size(0) / h_kv;
+    const auto lopt = k_new.options().dtype(at::kLong);
+    ao.logit_scale = l.logit_scale;
+    std::vector<at::Tensor> outs;
+    for (int64_t h = 0; h < h_kv; ++h) {
+      append_exact(l.heads[h], k_new.narrow(0, h, 1), v_new.narrow(0, h, 1), pos0);
+      l.head_origin[h] = at::cat({l.head_origin[h], at::arange(pos0, pos0 + k_new.size(1), lopt).unsqueeze(0)}, 1);
+      outs.push_back(attention(q.narrow(0, h * g, g), l.heads[h], nullptr, ao));  // [g, T, d]
+    }
+    out = at::cat(outs, 0);  // [Hq, T, d]
+    peak_[layer] = std::max(peak_[layer], l.bytes());
+    peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
   } else {
     if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
     append_exact(l.num, k_new, v_new, pos0);

@@ -40,10 +40,21 @@ struct CompressedLayer {
   double logit_scale = 1.0;  // BUZZ log n
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
   std::shared_ptr<LayerStream> stream;  // streaming methods: the entries after the prefix
+  // Heads holding different counts (adakv; prefill-only, one set): each KV head's live entries in
+  // a set of its own, no padding, so the bytes held are those of the entries (split_heads makes
+  // them from `num`, which is then left empty). Decoded tokens are appended to every head.
+  std::vector<KVSet> heads;             // per KV head: keys/values [1, m_h, d], bias [1, m_h], pos [1, m_h]
+  std::vector<at::Tensor> head_origin;  // per KV head [1, m_h] int64, as `origin`
 
   bool has_den() const { return den.keys.defined(); }
+  bool ragged() const { return !heads.empty(); }
+  int64_t n_kv_heads() const { return ragged() ? int64_t(heads.size()) : num.keys.defined() ? num.keys.size(0) : 0; }
+  // num -> heads when num holds padding (bias -inf) and the layer has no stream and no separate
+  // denominator; otherwise nothing changes. CompressedAttention does it for every layer it holds.
+  void split_heads();
   int64_t bytes() const;     // K, V, bias, pos (and the denominator's) held, the stream's included
-  int64_t entries() const;   // numerator entries held per KV head (padding included), prefix included
+  int64_t entries() const;   // numerator entries held per KV head (padding included; ragged: the
+                             // longest head), prefix included
   // Entries held per KV head that are not padding (bias > -inf), averaged over the KV heads; the
   // numerator set (the stream's included), the separate denominator set not counted.
   double live_entries() const;

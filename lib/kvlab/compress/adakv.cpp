@@ -20,10 +20,10 @@
 //
 // Deviations and notes:
 //   - Memory. kvpress keeps the whole cache and masks the pruned keys with a "fake key" while
-//     decoding ("does not reduce peak memory", its docs say); kvlab drops them. Its per-layer
-//     tensors are still padded to the longest head (padding slots carry bias −inf, attend to
-//     nothing and are not counted as entries), so the live entries are H·b but the bytes held are
-//     H·max_h(count_h): a ragged cache is left for later.
+//     decoding ("does not reduce peak memory", its docs say); kvlab drops them. compress() returns
+//     the heads padded to the longest (bias −inf, as every CompressedKV), and the generation cache
+//     stores each head's entries on their own (CompressedLayer::split_heads), so the bytes held
+//     are those of H·b entries.
 //   - Ties go to the lower (head, position) (torch.topk leaves them unspecified).
 //   - Prefill-only (as kvpress): decoded tokens are appended exactly to every head.
 #include <ATen/ATen.h>

@@ -156,7 +156,7 @@ nlohmann::json kept_json(const CompressedAttention& attn) {
   for (int64_t l = 0; l < attn.n_layers(); ++l) {
     const CompressedLayer& cl = attn.layer(static_cast<int>(l));
     nlohmann::json heads = nlohmann::json::array();
-    const int64_t h = cl.num.keys.defined() ? cl.num.keys.size(0) : 0;
+    const int64_t h = cl.n_kv_heads();
     for (int64_t i = 0; i < h; ++i) heads.push_back(cl.kept(i));
     layers.push_back({{"layer", l}, {"kv_heads", heads}});
   }
