@@ -131,6 +131,9 @@ def make_configs(kvpress):
         cfgs.append(("AdaKVPress(SnapKVPress)",
                      lambda r: kvpress.AdaKVPress(press=kvpress.SnapKVPress(
                          compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    # No sinks: the recent window alone (kvlab's `local`).
+    cfgs.append(("StreamingLLMPress(n_sink=0)",
+                 lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=0), "sdpa"))
     return cfgs
 
 

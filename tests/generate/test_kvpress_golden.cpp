@@ -5,6 +5,7 @@
 // the band holds both kept and dropped ones) and 32 greedy ids decoded through the compressed cache.
 // For each press whose definition kvlab follows, with the parameters set to match:
 //   StreamingLLMPress(n_sink 4)   streaming_llm n_sink=4
+//   StreamingLLMPress(n_sink 0)   local
 //   KnormPress                    knorm
 //   TOVAPress                     tova
 //   KeyDiffPress                  keydiff
@@ -72,6 +73,7 @@ struct AllLayers : QkvTap {
 std::pair<std::string, json> kvlab_method(const json& config) {
   const std::string press = config["press"];
   const json& p = config["params"];
+  if (press == "StreamingLLMPress" && p["n_sink"].get<int64_t>() == 0) return {"local", json::object()};
   if (press == "StreamingLLMPress") return {"streaming_llm", {{"n_sink", p["n_sink"]}}};
   if (press == "KnormPress") return {"knorm", json::object()};
   if (press == "TOVAPress") return {"tova", json::object()};
@@ -240,5 +242,5 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 40);  // 10 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 44);  // 11 presses x 2 ratios x 2 prompts
 }
