@@ -10,7 +10,8 @@ Cases cover what SmolLM2 and stories260K do not: qwen2 (q/k/v bias, untied lm_he
 attention_bias, an explicit head_dim != hidden/heads and llama3 rope scaling, llama with linear
 rope scaling, mistral; and sliding-window attention (issue 24) with prompts longer than the window:
 mistral with sliding_window 8 on 40 tokens, qwen2 with use_sliding_window (window 8, layer 1
-slides, layer 0 does not: max_window_layers 1); qwen3 (q/k norms, explicit head_dim). The cases
+slides, layer 0 does not: max_window_layers 1); qwen3 (q/k norms, explicit head_dim); phi3 (fused
+qkv_proj and gate_up_proj), without and with a sliding window of 8 on 40 tokens. The cases
 with their own seed also write `greedy_ids`: 8 greedy tokens after the prompt, each chosen by a
 full forward over everything so far (no cache).
 
@@ -47,6 +48,11 @@ CASES = {
                                 sliding_window=8, max_window_layers=1), 40, 9),
     # qwen3: per-head q/k RMSNorm before RoPE, explicit head_dim (16, not 48 / 6)
     "qwen3": ("qwen3", dict(head_dim=16, rope_theta=1000000.0, tie_word_embeddings=False), 37, 10),
+    # phi3: fused qkv_proj and gate_up_proj; sliding_window set = every layer slides
+    "phi3": ("phi3", dict(rope_theta=10000.0, tie_word_embeddings=False, sliding_window=None,
+                          pad_token_id=0), 37, 11),
+    "phi3_sw8": ("phi3", dict(rope_theta=10000.0, tie_word_embeddings=False, sliding_window=8,
+                              pad_token_id=0), 40, 12),
 }
 GREEDY = 8
 GGUF_CASES = {"qwen3"}  # also written as model.gguf (F32, llama.cpp names) by gguf-py
@@ -131,11 +137,18 @@ def main():
             hook.remove()
             hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
             h = got["h"]
-            q = attn.q_proj(h).view(1, t, -1, hd).transpose(1, 2)
-            k = attn.k_proj(h).view(1, t, -1, hd).transpose(1, 2)
+            if hasattr(attn, "qkv_proj"):  # phi3: fused rows q, k, v
+                nq, nk = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+                qkv = attn.qkv_proj(h)
+                q = qkv[..., :nq].view(1, t, -1, hd).transpose(1, 2)
+                k = qkv[..., nq:nq + nk].view(1, t, -1, hd).transpose(1, 2)
+                v = qkv[..., nq + nk:].view(1, t, -1, hd).transpose(1, 2)
+            else:
+                q = attn.q_proj(h).view(1, t, -1, hd).transpose(1, 2)
+                k = attn.k_proj(h).view(1, t, -1, hd).transpose(1, 2)
+                v = attn.v_proj(h).view(1, t, -1, hd).transpose(1, 2)
             if hasattr(attn, "q_norm"):  # qwen3: RMSNorm over head_dim before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            v = attn.v_proj(h).view(1, t, -1, hd).transpose(1, 2)
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
             cos, sin = got["pe"]
             q, k = apply_rotary_pos_emb(q, k, cos, sin)

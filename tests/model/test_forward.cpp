@@ -124,7 +124,7 @@ TEST_CASE("fused q/k/v and gate/up projections equal the separate ones") {
   // forward()'s fast path (one GEMM for q/k/v, one for gate/up) against its reference
   // (ForwardOptions::fused = false): every tiny architecture (biases, GQA, MHA) and stories260K.
   std::vector<std::string> dirs;
-  for (const char* name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral", "qwen3"})
+  for (const char* name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral", "qwen3", "phi3"})
     dirs.push_back(test::fixtures_dir() + "/tiny_models/" + name);
   if (fs::exists(stories_dir())) dirs.push_back(stories_dir());
   for (const std::string& dir : dirs) {
@@ -395,12 +395,12 @@ TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip
   }
 }
 
-TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, linear rope, mistral, qwen3)") {
+TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, linear rope, mistral, qwen3, phi3)") {
   // Made by data_scripts/make_tiny_model_fixtures.py (random weights, transformers eager, float32).
   // qwen3 (issue 24): q/k RMSNorm per head before RoPE, head_dim 16 != hidden / heads; its greedy
-  // ids are decoded through the cache.
+  // ids are decoded through the cache. phi3 (issue 24): fused qkv_proj and gate_up_proj, split on load.
   const std::string root = test::fixtures_dir() + "/tiny_models";
-  for (const std::string name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral", "qwen3"}) {
+  for (const std::string name : {"qwen2", "llama3_bias_hd", "llama_linear", "mistral", "qwen3", "phi3"}) {
     CAPTURE(name);
     const std::string dir = root + "/" + name;
     REQUIRE(fs::exists(dir + "/model.safetensors"));
@@ -452,12 +452,12 @@ TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, 
   }
 }
 
-TEST_CASE("sliding-window models match transformers past the window (mistral, qwen2)") {
+TEST_CASE("sliding-window models match transformers past the window (mistral, qwen2, phi3)") {
   // issue 24: kvlab ignored sliding_window (logits off by 0.81 on mistral_sw8). Prompts of 40
   // tokens, window 8; qwen2_sw8 slides on layer 1 only (max_window_layers 1). Greedy ids: 8 tokens
   // decoded one at a time through the exact cache, against transformers' full recompute.
   const std::string root = test::fixtures_dir() + "/tiny_models";
-  for (const std::string name : {"mistral_sw8", "qwen2_sw8"}) {
+  for (const std::string name : {"mistral_sw8", "qwen2_sw8", "phi3_sw8"}) {
     CAPTURE(name);
     const std::string dir = root + "/" + name;
     REQUIRE(fs::exists(dir + "/model.safetensors"));

@@ -82,7 +82,7 @@ int64_t checked_size(int64_t v, const std::string& key, int64_t hi, const std::s
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"llama", "mistral", "qwen2", "qwen3"};
+  static const std::vector<std::string> names = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
   return names;
 }
 
@@ -137,6 +137,7 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     if (a == "MistralForCausalLM") type = "mistral";
     if (a == "Qwen2ForCausalLM") type = "qwen2";
     if (a == "Qwen3ForCausalLM") type = "qwen3";
+    if (a == "Phi3ForCausalLM") type = "phi3";
   }
   bool known = false;
   for (const auto& a : supported_architectures()) known = known || a == type;
@@ -171,6 +172,12 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     c.rope_scaling = rope_scaling_from_json(cfg["rope_scaling"], source);
   else if (rope_params.is_object())
     c.rope_scaling = rope_scaling_from_json(rope_params, source);
+  // Partial rotary embeddings (Phi-4-mini's 0.75) rotate only part of each head: not supported.
+  double partial = get_or<double>(cfg, "partial_rotary_factor", 1.0, source);
+  if (rope_params.is_object() && rope_params.contains("partial_rotary_factor"))
+    partial = get_or<double>(rope_params, "partial_rotary_factor", partial, source);
+  KVLAB_CHECK(partial == 1.0, "{}: partial_rotary_factor {} is not supported (only 1.0: RoPE over the whole head)",
+              source, partial);
   c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", false, source);
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
@@ -180,7 +187,9 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   c.qk_norm = type == "qwen3";
   KVLAB_CHECK(!get_or<bool>(cfg, "mlp_bias", false, source),
               "{}: mlp_bias=true is not supported", source);
-  if (type == "mistral") c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
+  // Mistral and Phi-3 slide every layer when sliding_window is set (transformers: the sliding
+  // mask whenever config.sliding_window is not None).
+  if (type == "mistral" || type == "phi3") c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
   if ((type == "qwen2" || type == "qwen3") && get_or<bool>(cfg, "use_sliding_window", false, source)) {
     // transformers' Qwen2Config / Qwen3Config: layer i slides when i >= max_window_layers (default 28).
     c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);

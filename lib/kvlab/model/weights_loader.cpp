@@ -1,5 +1,7 @@
 // --model resolution and weight loading: Hugging Face directories (safetensors, HF tensor names)
 // and GGUF files (llama.cpp tensor names, dequantized by gguf.cpp, q/k rows un-permuted).
+#include <fmt/format.h>
+
 #include "kvlab/core/check.h"
 #include "kvlab/io/gguf.h"
 #include "kvlab/io/safetensors.h"
@@ -204,13 +206,35 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
     w.lm_head = w.tok_embd;
   }
   w.layers.resize(c.n_layers);
+  // Phi-3 fuses q/k/v (self_attn.qkv_proj: rows q, then k, then v) and gate/up (mlp.gate_up_proj:
+  // rows gate, then up); they are split here into the roles every other architecture has.
+  const bool fused = c.architecture == "phi3";
+  auto fused_role = [](TensorRole r) {
+    return r == TensorRole::attn_q || r == TensorRole::attn_k || r == TensorRole::attn_v ||
+           r == TensorRole::ffn_gate || r == TensorRole::ffn_up;
+  };
   for (int64_t i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w.layers[i];
     for (TensorRole role : layer_roles())
-      if (layer_role_present(role, c)) layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i));
+      if (layer_role_present(role, c) && !(fused && fused_role(role)))
+        layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i));
+    if (fused) {
+      const std::string qkv_name = fmt::format("model.layers.{}.self_attn.qkv_proj.weight", i);
+      const std::string gu_name = fmt::format("model.layers.{}.mlp.gate_up_proj.weight", i);
+      at::Tensor qkv = get(qkv_name), gu = get(gu_name);
+      const int64_t nq = c.n_q_heads * c.head_dim, nk = c.n_kv_heads * c.head_dim;
+      expect_shape(qkv, {nq + 2 * nk, c.hidden_size}, src.path + ": " + qkv_name);
+      expect_shape(gu, {2 * c.intermediate_size, c.hidden_size}, src.path + ": " + gu_name);
+      l.wq = qkv.narrow(0, 0, nq).contiguous();
+      l.wk = qkv.narrow(0, nq, nk).contiguous();
+      l.wv = qkv.narrow(0, nq + nk, nk).contiguous();
+      l.w_gate = gu.narrow(0, 0, c.intermediate_size).contiguous();
+      l.w_up = gu.narrow(0, c.intermediate_size, c.intermediate_size).contiguous();
+    }
     check_layer(c, l, i, src.path);
   }
-  KVLAB_CHECK(!ckpt.has(tensor_name(WeightFormat::hf, TensorRole::attn_q, c.n_layers)),
+  KVLAB_CHECK(!ckpt.has(fused ? fmt::format("model.layers.{}.self_attn.qkv_proj.weight", c.n_layers)
+                              : tensor_name(WeightFormat::hf, TensorRole::attn_q, c.n_layers)),
               "{}: holds more layers than num_hidden_layers={}", src.path, c.n_layers);
   finish_model(m, opt);
   return m;
