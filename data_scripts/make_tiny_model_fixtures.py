@@ -55,14 +55,14 @@ CASES = {
                               pad_token_id=0), 40, 12),
 }
 GREEDY = 8
-GGUF_CASES = {"qwen3"}  # also written as model.gguf (F32, llama.cpp names) by gguf-py
+GGUF_CASES = {"qwen3", "phi3"}  # also written as model.gguf (F32, llama.cpp names) by gguf-py
 
 
 def write_gguf(path, model_type, cfg, state):
     """The HF weights under llama.cpp's tensor names and <arch>.* keys (qwen3: no q/k permutation)."""
     import gguf
     w = gguf.GGUFWriter(str(path), model_type)
-    hd = cfg.head_dim
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_uint32(f"{model_type}.embedding_length", cfg.hidden_size)
     w.add_uint32(f"{model_type}.block_count", cfg.num_hidden_layers)
     w.add_uint32(f"{model_type}.attention.head_count", cfg.num_attention_heads)
@@ -74,6 +74,8 @@ def write_gguf(path, model_type, cfg, state):
     w.add_uint32(f"{model_type}.context_length", cfg.max_position_embeddings)
     w.add_float32(f"{model_type}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     w.add_float32(f"{model_type}.rope.freq_base", cfg.rope_parameters["rope_theta"])
+    if getattr(cfg, "sliding_window", None):
+        w.add_uint32(f"{model_type}.attention.sliding_window", cfg.sliding_window)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     per_layer = {"self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -81,10 +83,13 @@ def write_gguf(path, model_type, cfg, state):
                  "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                  "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                  "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
+                 # phi3: fused, stored as they are (llama.cpp's converter does not reorder them)
+                 "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
                  "post_attention_layernorm.weight": "ffn_norm.weight"}
     for i in range(cfg.num_hidden_layers):
         for hf, gg in per_layer.items():
-            names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+            if f"model.layers.{i}.{hf}" in state:
+                names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
     for hf, gg in names.items():
         w.add_tensor(gg, state[hf].detach().float().numpy())
     w.write_header_to_file()

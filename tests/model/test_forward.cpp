@@ -274,9 +274,13 @@ TEST_CASE("model_config: architectures, defaults and errors") {
   bad["num_key_value_heads"] = 3;
   CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
                        doctest::Contains("multiple of n_kv_heads=3"), Error);
-  nlohmann::json md = {{"general.architecture", "phi3"}};
+  nlohmann::json md = {{"general.architecture", "gemma3"}};
   CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf"),
-                       doctest::Contains("'phi3' is not supported"), Error);
+                       doctest::Contains("'gemma3' is not supported"), Error);
+  bad = base;
+  bad["partial_rotary_factor"] = 0.75;
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                       doctest::Contains("partial_rotary_factor 0.75 is not supported"), Error);
   CHECK_THROWS_WITH_AS(resolve_model("no-such-model"),
                        doctest::Contains("not a known name (smollm2-135m, stories260k)"), Error);
   CHECK_THROWS_WITH_AS(parse_compute_dtype("int8"), doctest::Contains("--dtype 'int8'"), Error);

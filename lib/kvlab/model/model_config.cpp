@@ -232,8 +232,8 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
                                    int64_t n_vocab_fallback) {
   KVLAB_CHECK(md.is_object(), "{}: GGUF metadata must be an object", source);
   const std::string arch = get_required<std::string>(md, "general.architecture", source);
-  KVLAB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3",
-              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2, qwen3; "
+  KVLAB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "phi3",
+              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2, qwen3, phi3; "
               "mistral GGUFs use 'llama')",
               source, arch);
   auto key = [&](const std::string& k) { return arch + "." + k; };
@@ -272,6 +272,8 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
   }
   c.qkv_bias = arch == "qwen2";
   c.qk_norm = arch == "qwen3";
+  // llama.cpp's converter writes Phi-3's sliding window (every layer) under this key.
+  if (arch == "phi3") c.sliding_window = get_or<int64_t>(md, key("attention.sliding_window"), 0, source);
   c.tie_word_embeddings = false;  // the loader sets it when output.weight is absent
   c.bos_token_id = get_or<int64_t>(md, "tokenizer.ggml.bos_token_id", -1, source);
   const int64_t eos = get_or<int64_t>(md, "tokenizer.ggml.eos_token_id", -1, source);

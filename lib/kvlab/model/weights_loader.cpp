@@ -181,6 +181,30 @@ Model load_model(const ModelSource& src, const ModelLoadOptions& opt) {
   return src.kind == ModelSource::Kind::gguf ? load_model_gguf(src, opt) : load_model_hf(src, opt);
 }
 
+namespace {
+
+// Phi-3 fuses q/k/v (rows q, then k, then v) and gate/up (rows gate, then up), in HF
+// (self_attn.qkv_proj, mlp.gate_up_proj) and GGUF (attn_qkv, ffn_up) alike; they are split into the
+// roles every other architecture has (finish_model fuses them again for the fast path).
+bool fused_role(TensorRole r) {
+  return r == TensorRole::attn_q || r == TensorRole::attn_k || r == TensorRole::attn_v ||
+         r == TensorRole::ffn_gate || r == TensorRole::ffn_up;
+}
+
+void split_fused(LayerWeights& l, const ModelConfig& c, const at::Tensor& qkv, const at::Tensor& gate_up,
+                 const std::string& where) {
+  const int64_t nq = c.n_q_heads * c.head_dim, nk = c.n_kv_heads * c.head_dim;
+  expect_shape(qkv, {nq + 2 * nk, c.hidden_size}, where + " fused q/k/v");
+  expect_shape(gate_up, {2 * c.intermediate_size, c.hidden_size}, where + " fused gate/up");
+  l.wq = qkv.narrow(0, 0, nq).contiguous();
+  l.wk = qkv.narrow(0, nq, nk).contiguous();
+  l.wv = qkv.narrow(0, nq + nk, nk).contiguous();
+  l.w_gate = gate_up.narrow(0, 0, c.intermediate_size).contiguous();
+  l.w_up = gate_up.narrow(0, c.intermediate_size, c.intermediate_size).contiguous();
+}
+
+}  // namespace
+
 Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   check_dtype_device(opt);
   c10::InferenceMode guard;
@@ -209,28 +233,15 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   // Phi-3 fuses q/k/v (self_attn.qkv_proj: rows q, then k, then v) and gate/up (mlp.gate_up_proj:
   // rows gate, then up); they are split here into the roles every other architecture has.
   const bool fused = c.architecture == "phi3";
-  auto fused_role = [](TensorRole r) {
-    return r == TensorRole::attn_q || r == TensorRole::attn_k || r == TensorRole::attn_v ||
-           r == TensorRole::ffn_gate || r == TensorRole::ffn_up;
-  };
   for (int64_t i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w.layers[i];
     for (TensorRole role : layer_roles())
       if (layer_role_present(role, c) && !(fused && fused_role(role)))
         layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i));
-    if (fused) {
-      const std::string qkv_name = fmt::format("model.layers.{}.self_attn.qkv_proj.weight", i);
-      const std::string gu_name = fmt::format("model.layers.{}.mlp.gate_up_proj.weight", i);
-      at::Tensor qkv = get(qkv_name), gu = get(gu_name);
-      const int64_t nq = c.n_q_heads * c.head_dim, nk = c.n_kv_heads * c.head_dim;
-      expect_shape(qkv, {nq + 2 * nk, c.hidden_size}, src.path + ": " + qkv_name);
-      expect_shape(gu, {2 * c.intermediate_size, c.hidden_size}, src.path + ": " + gu_name);
-      l.wq = qkv.narrow(0, 0, nq).contiguous();
-      l.wk = qkv.narrow(0, nq, nk).contiguous();
-      l.wv = qkv.narrow(0, nq + nk, nk).contiguous();
-      l.w_gate = gu.narrow(0, 0, c.intermediate_size).contiguous();
-      l.w_up = gu.narrow(0, c.intermediate_size, c.intermediate_size).contiguous();
-    }
+    if (fused)
+      split_fused(l, c, get(fmt::format("model.layers.{}.self_attn.qkv_proj.weight", i)),
+                  get(fmt::format("model.layers.{}.mlp.gate_up_proj.weight", i)),
+                  src.path + fmt::format(": model.layers.{}", i));
     check_layer(c, l, i, src.path);
   }
   KVLAB_CHECK(!ckpt.has(fused ? fmt::format("model.layers.{}.self_attn.qkv_proj.weight", c.n_layers)
@@ -278,10 +289,14 @@ Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
     expect_shape(w.lm_head, {c.vocab_size, c.hidden_size}, src.path + ": " + tensor_name(gguf, TensorRole::lm_head));
   if (g.has_tensor(tensor_name(gguf, TensorRole::rope_freqs))) w.rope_freqs = get(tensor_name(gguf, TensorRole::rope_freqs));
   w.layers.resize(c.n_layers);
+  const bool fused = c.architecture == "phi3";  // attn_qkv (q, k, v rows) and ffn_up (gate, up rows)
   for (int64_t i = 0; i < c.n_layers; ++i) {
     LayerWeights& l = w.layers[i];
     for (TensorRole role : layer_roles())
-      if (layer_role_present(role, c)) layer_slot(l, role) = get(tensor_name(WeightFormat::gguf, role, i));
+      if (layer_role_present(role, c) && !(fused && fused_role(role)))
+        layer_slot(l, role) = get(tensor_name(WeightFormat::gguf, role, i));
+    if (fused) split_fused(l, c, get(fmt::format("blk.{}.attn_qkv.weight", i)), get(fmt::format("blk.{}.ffn_up.weight", i)),
+                           src.path + fmt::format(": blk.{}", i));
     if (permuted) {
       l.wq = gguf_unpermute_qk(l.wq, static_cast<int>(c.n_q_heads));
       l.wk = gguf_unpermute_qk(l.wk, static_cast<int>(c.n_kv_heads));
