@@ -2,7 +2,7 @@
 //
 // Paper: Yuan Feng, Junlin Lv, Yukun Cao, Xike Xie, S. Kevin Zhou, "Ada-KV: Optimizing KV Cache
 //   Eviction by Adaptive Budget Allocation for Efficient LLM Inference", arXiv:2407.11550
-//   (NeurIPS 2025). Checked against NVIDIA kvpress 0.5.5 `AdaKVPress`
+//   (2024). Checked against NVIDIA kvpress 0.5.5 `AdaKVPress`
 //   (kvpress/presses/adakv_press.py), which wraps any ScorerPress.
 //
 // Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv, snapkv or expected_attention, the methods with
