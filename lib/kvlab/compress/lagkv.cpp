@@ -98,13 +98,9 @@ class LagKV final : public Compressor {
   }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
-    const int64_t b = resolve_budget(opt, n);
-    if (b >= n) return keep_all(kv);
-    auto scores = lagkv_scores(kv.keys, kv.values, n_sink_, lag_size_);  // [Hkv, n]
-    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
-    for (int64_t h = 0; h < h_kv; ++h) rows[h] = detail::top_k_indices(scores.data_ptr<double>() + h * n, n, b);
-    return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]
+    const int64_t b = resolve_budget(opt, kv.n_tokens());
+    if (b >= kv.n_tokens()) return keep_all(kv);
+    return detail::keep_top_scores(kv, keep_scores(kv), b);  // [Hkv, b]
   }
 
  private:

@@ -100,23 +100,24 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
       (std::string(key) == "keep_first" ? m.keep_first : m.keep_last) = keep_value(method_params[key], name, key);
       method_params.erase(key);
     }
-    if (!pre.required_file.empty()) {
-      if (method_params.contains(pre.required_file) && method_params[pre.required_file].is_string())
-        method_params[pre.required_file] = expand_model(method_params[pre.required_file].get<std::string>(), model);
-      const std::string file = method_params.value(pre.required_file, std::string());
-      if (!need_files && !file.empty() && !std::filesystem::exists(file)) continue;
-      KVLAB_CHECK(!file.empty() && std::filesystem::is_regular_file(file),
-                  "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {}",
-                  name, preset, pre.required_file, file.empty() ? "not given" : "'" + file + "'",
-                  expand_model(pre.make_command, model));
-    }
-    // A calibration file given by hand (`--param chelsea.outliers=F` under any preset) is read when
-    // the compressor is made; a check before a dry run leaves the method out until it exists.
+    if (!pre.required_file.empty() && method_params.contains(pre.required_file) &&
+        method_params[pre.required_file].is_string())
+      method_params[pre.required_file] = expand_model(method_params[pre.required_file].get<std::string>(), model);
+    // Before a dry run (need_files false) a calibration file an earlier step makes may not exist
+    // yet, whether the preset names it or `--param chelsea.outliers=F` does: leave the method out
+    // (its compressor reads the file when made).
     const std::string file_key = method_preset(name, "paper").required_file;
     if (!need_files && !file_key.empty() && method_params.contains(file_key) && method_params[file_key].is_string() &&
         !method_params[file_key].get<std::string>().empty() &&
         !std::filesystem::exists(method_params[file_key].get<std::string>()))
       continue;
+    if (!pre.required_file.empty()) {
+      const std::string file = method_params.value(pre.required_file, std::string());
+      KVLAB_CHECK(!file.empty() && std::filesystem::is_regular_file(file),
+                  "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {}",
+                  name, preset, pre.required_file, file.empty() ? "not given" : "'" + file + "'",
+                  expand_model(pre.make_command, model));
+    }
     m.params = method_params;
     m.compressor = make_compressor(name, method_params);
     out.push_back(std::move(m));

@@ -146,4 +146,14 @@ inline at::Tensor pad_index_rows(const std::vector<std::vector<int64_t>>& rows) 
   return out;
 }
 
+// Per KV head, the `b` highest of `scores` ([Hkv, n] float64 on CPU, as Compressor::keep_scores
+// returns them; ties to the lower index), kept exact: the selection of every top-k scorer (knorm,
+// keydiff, lagkv, expected_attention). b < n (the caller keeps all otherwise).
+inline CompressedKV keep_top_scores(const LayerKV& kv, const at::Tensor& scores, int64_t b) {
+  const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
+  for (int64_t h = 0; h < h_kv; ++h) rows[h] = top_k_indices(scores.data_ptr<double>() + h * n, n, b);
+  return gather_kept(kv, pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]
+}
+
 }  // namespace kvlab::detail
