@@ -44,6 +44,10 @@ positions; no attention mask), stopping after an EOS token like the pipeline. As
 same is run through `with press(model): model.generate(do_sample=False, max_new_tokens=32)`; the
 fixture's metadata says whether both gave the same tokens.
 
+kept: per layer and KV head, a bit mask of the kept positions as a hex string (version 2; the
+position lists of version 1 made the file 3.2 MB): character i stands for positions 4i .. 4i+3,
+position 4i + b kept when bit b (value 1 << b) of its hex digit is set.
+
 tie_band: per layer and KV head, the positions whose selection score is within 1e-5 (relative) of
 the k-th largest score (k = n_kept), recorded only when that set holds both kept and dropped
 positions (an ambiguous cut, where top-k's tie-breaking or float rounding decides); otherwise [].
@@ -158,6 +162,14 @@ def fmt_float(x):
     if isinstance(x, F32):
         return str(np.float32(x))
     return repr(float(x))
+
+
+def mask_hex(positions, n):
+    """Sorted kept positions of n -> the hex bit mask described in the module docstring."""
+    digits = [0] * ((n + 3) // 4)
+    for p in positions:
+        digits[p // 4] |= 1 << (p % 4)
+    return "".join("0123456789abcdef"[d] for d in digits)
 
 
 def to_json(obj, indent=0):
@@ -392,7 +404,7 @@ def main():
                     "cache_len_after_prefill": cache_lens[0] if len(set(cache_lens)) == 1 else cache_lens,
                     "n_kept": [x["n_kept"] for x in L],
                     "n_ambiguous_heads": sum(len(b) > 0 for x in L for b in x["tie_band"]),
-                    "kept": [x["kept"] for x in L],
+                    "kept": [[mask_hex(k, len(p["ids"])) for k in x["kept"]] for x in L],
                     "tie_band": [x["tie_band"] for x in L],
                 }
                 if same:
@@ -410,7 +422,7 @@ def main():
                                 "params": params, "results": results})
 
     out = {
-        "version": 1,
+        "version": 2,
         "generator": "data_scripts/make_kvpress_golden.py",
         "versions": {
             "kvpress": pkg_version("kvpress"),

@@ -69,6 +69,20 @@ struct AllLayers : QkvTap {
   }
 };
 
+// The golden's kept set of one (layer, KV head): a hex bit mask (make_kvpress_golden.py, version 2),
+// character i for positions 4i .. 4i+3, bit b (1 << b) for position 4i + b.
+std::set<int64_t> kept_positions(const std::string& hex) {
+  std::set<int64_t> out;
+  for (size_t i = 0; i < hex.size(); ++i) {
+    const char c = hex[i];
+    const int v = c >= '0' && c <= '9' ? c - '0' : c - 'a' + 10;
+    REQUIRE((v >= 0 && v < 16));
+    for (int b = 0; b < 4; ++b)
+      if (v >> b & 1) out.insert(static_cast<int64_t>(4 * i) + b);
+  }
+  return out;
+}
+
 // kvpress press -> kvlab method and parameters ("" = not in kvlab).
 std::pair<std::string, json> kvlab_method(const json& config) {
   const std::string press = config["press"];
@@ -105,6 +119,7 @@ std::pair<std::string, json> kvlab_method(const json& config) {
 TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (issue 22)") {
   const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/smollm2.json");
+  REQUIRE(g["version"].get<int>() == 2);  // kept sets as hex bit masks
   if (gguf.empty()) {
     MESSAGE("skipped: models/smollm2-135m/*.gguf not found (data_scripts/get_smollm2.sh)");
     return;
@@ -211,8 +226,9 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           std::set<int64_t> mine;
           const json kept = cl.kept(h);  // (a temporary's ["positions"] would dangle in the loop)
           for (const auto& p : kept["positions"]) mine.insert(p.get<int64_t>());
-          std::set<int64_t> theirs, band;
-          for (const auto& p : r["kept"][l][h]) theirs.insert(p.get<int64_t>());
+          const std::set<int64_t> theirs = kept_positions(r["kept"][l][h].get<std::string>());
+          std::set<int64_t> band;
+          REQUIRE(static_cast<int64_t>(theirs.size()) == r["n_kept"][l][h].get<int64_t>());
           for (const auto& p : r["tie_band"][l][h]) band.insert(p.get<int64_t>());
           std::vector<int64_t> differ;
           for (int64_t p = 0; p < n; ++p)
