@@ -21,6 +21,11 @@ every press except ObservedAttentionPress, which needs the attention weights ("e
 refuses "eager". With sdpa the attention-based presses (TOVA, SnapKV) recompute the attention of
 their observation window themselves (SnapKVPress.compute_window_attention), as kvpress does by default.
 
+CompactorPress runs with sketch_dimension = head_dim (64) and its random sketch replaced by the
+identity (install_identity_sketch): kvpress draws the sketch from torch's global generator, which no
+other implementation can replay; with the identity the leverage scores are exact (with kvpress's
+1e-2 ridge) and kvlab's `compactor sketch_dimension=0` must equal them.
+
 Prompts: token ids of fixed passages from ../shared/data (first N tokens; SmolLM2 tokenizer from
 ../shared/tokenizers/smollm2/tokenizer.json with add_special_tokens=True, which adds no BOS for this
 tokenizer; no chat template). The ids are recorded, so the C++ side needs no tokenizer.
@@ -59,7 +64,7 @@ not clearly above the global cut by its raw score), the band of each head's safe
 Scores are float32, written as the shortest decimal that reads back to the same float32. To keep the
 file small, a result whose recorded scores are bitwise identical to those of the same press and
 prompt at compression_ratio 0.5 (every press but StreamingLLMPress) has "scores_same_as": <config
-name> instead of "scores".
+name> instead of "scores". The configs in NO_SCORES (CriticalKVPress) have "scores_not_recorded".
 """
 import argparse
 import dataclasses
@@ -86,6 +91,8 @@ RATIOS = [0.5, 0.75]
 SCORE_LAYERS = [0, 14, 29]
 MAX_NEW_TOKENS = 32
 TIE_RTOL = 1e-5
+# Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
+NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -138,17 +145,55 @@ def make_configs(kvpress):
     # No sinks: the recent window alone (kvlab's `local`).
     cfgs.append(("StreamingLLMPress(n_sink=0)",
                  lambda r: kvpress.StreamingLLMPress(compression_ratio=r, n_sink=0), "sdpa"))
+    if hasattr(kvpress, "CriticalKVPress"):
+        cfgs.append(("CriticalKVPress(KnormPress)",
+                     lambda r: kvpress.CriticalKVPress(kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("CriticalKVPress(SnapKVPress)",
+                     lambda r: kvpress.CriticalKVPress(kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    if hasattr(kvpress, "CompactorPress"):
+        # sketch_dimension = head_dim with the identity sketch (install_identity_sketch): kvpress
+        # draws its Gaussian sketch from torch's global generator, which nothing else can replay.
+        cfgs.append(("CompactorPress(sketch_dimension=64, identity sketch)",
+                     lambda r: kvpress.CompactorPress(compression_ratio=r, sketch_dimension=64), "sdpa"))
     return cfgs
+
+
+class _IdentitySketchTorch:
+    """Stands in for the `torch` module inside kvpress.presses.leverage_press: `randn`, which only
+    draws LeverageScorePress's sketch Phi (B, H, d, k), returns identity matrices (d == k), so Phi =
+    I / sqrt(k); every other attribute is torch's own. kvpress's leverage code runs unchanged."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def randn(*shape, device=None, dtype=None):
+        b, h, d, k = shape
+        assert d == k, f"identity sketch needs sketch_dimension == head_dim, got {d} x {k}"
+        return torch.eye(d, device=device, dtype=dtype).expand(b, h, d, k).clone()
+
+
+def install_identity_sketch():
+    import kvpress.presses.leverage_press as leverage_press
+    leverage_press.torch = _IdentitySketchTorch()
 
 
 def press_params(press):
     """Every dataclass field (constructor parameter) with its value; nested presses recursively."""
     out = {}
     for f in dataclasses.fields(press):
+        if f.name.startswith("_"):  # CompactorPress's child presses, built from the public fields
+            continue
         v = getattr(press, f.name)
         if dataclasses.is_dataclass(v):
             v = {"press": type(v).__name__, "params": press_params(v)}
         out[f.name] = v
+    # CriticalKVPress is a plain class over ScorerPress: its own parameters are attributes.
+    for name in ("press", "epsilon", "first_stage_ratio"):
+        if name not in out and hasattr(press, name):
+            v = getattr(press, name)
+            out[name] = {"press": type(v).__name__, "params": press_params(v)} if dataclasses.is_dataclass(v) else v
     return out
 
 
@@ -334,6 +379,7 @@ def main():
     torch.manual_seed(0)
 
     import kvpress  # noqa: F401  (patches the attention functions on import)
+    install_identity_sketch()
     import transformers
     from importlib.metadata import version as pkg_version
     from tokenizers import Tokenizer
@@ -407,7 +453,9 @@ def main():
                     "kept": [[mask_hex(k, len(p["ids"])) for k in x["kept"]] for x in L],
                     "tie_band": [x["tie_band"] for x in L],
                 }
-                if same:
+                if name in NO_SCORES:
+                    res["scores_not_recorded"] = True
+                elif same:
                     res["scores_same_as"] = first_scores[key][0]
                 else:
                     res["scores"] = {i: [[F32(v) for v in row.tolist()] for row in t]
@@ -473,6 +521,9 @@ def main():
             "method": "with press(model): model.generate(ids, do_sample=False, max_new_tokens=%d)"
                       % MAX_NEW_TOKENS,
             "n_checked": n_checked, "n_equal": n_checked - len(mismatches), "mismatches": mismatches},
+        "sketch": "CompactorPress's leverage sketch Phi is the identity / sqrt(k) (k = head_dim = 64): "
+                  "torch.randn inside kvpress.presses.leverage_press returns identity matrices "
+                  "(_IdentitySketchTorch); everything else in kvpress runs unchanged",
         "prompts": prompts,
         "configs": configs_out,
     }

@@ -102,7 +102,8 @@ struct ReplayOptions {
     if (list_methods) return;
     KVLAB_CHECK(!capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
     budget_settings(ratio, budget, T);
-    require_run_keeps(build_methods(method, param, params), "--keep-first / --keep-last");
+    require_run_keeps(without_model_weights(build_methods(method, param, params), method, "replay"),
+                      "--keep-first / --keep-last");
     KVLAB_CHECK(seed_list.empty() || seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
                 "of {})", seeds, seed_list.size());
     seed_values(seeds, seed_list);
@@ -122,8 +123,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     // but whose decode-time stream (compress/stream.h) is not built yet say so.
     for (const auto& info : compressor_infos()) {
       const bool decodes = streams_while_decoding(info.name);
-      fmt::print("{:<16} {:<9} {}{}\n", info.name, decodes ? "streaming" : "prefill", info.description,
-                 info.streaming && !decodes ? " [streams in its paper; kvlab's decode-time stream not built yet]" : "");
+      fmt::print("{:<16} {:<9} {}{}{}\n", info.name, decodes ? "streaming" : "prefill", info.description,
+                 info.streaming && !decodes ? " [streams in its paper; kvlab's decode-time stream not built yet]" : "",
+                 info.needs_out_proj ? " [not in replay: needs the model's W_o]" : "");
       const MethodPreset p = info.paper();
       std::string keep = p.keep_first || p.keep_last
                              ? fmt::format(" + exact {} first / {} last", p.keep_first, p.keep_last) : "";
@@ -132,7 +134,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     return;
   }
   auto settings = budget_settings(o.ratio, o.budget, o.T);
-  auto methods = build_methods(o.method, o.param, o.params);
+  auto methods = without_model_weights(build_methods(o.method, o.param, o.params), o.method, "replay");
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
 

@@ -274,11 +274,20 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(agg["kept_fraction"].get<double>() > 0.3);
   auto listed = run_kvlab("replay --list-methods");
   std::istringstream lines(listed.out);
-  size_t n_listed = 0;
-  // One line a method, then its paper preset's line (indented).
-  for (std::string line; std::getline(lines, line);) n_listed += !line.empty() && line[0] != ' ';
-  CHECK(methods.size() == n_listed);
+  size_t n_listed = 0, n_no_replay = 0;
+  // One line a method, then its paper preset's line (indented). --method all leaves out the methods
+  // that need the model's weights (criticalkv), and naming one is an error naming --method.
+  for (std::string line; std::getline(lines, line);) {
+    n_listed += !line.empty() && line[0] != ' ';
+    n_no_replay += line.find("[not in replay: needs the model's W_o]") != std::string::npos;
+  }
+  CHECK(n_no_replay == 1);
+  CHECK(methods.size() == n_listed - n_no_replay);
   CHECK(n_listed >= 17);
+  auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +
+                        dir + "/rep_crit");
+  CHECK(crit.code != 0);
+  CHECK(crit.out.find("--method criticalkv:knorm: needs the layer's output projection W_o") != std::string::npos);
 }
 
 TEST_CASE("cli: ppl streams each method's cache from the first token (stories260K)") {

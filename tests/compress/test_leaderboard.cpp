@@ -9,7 +9,9 @@
 //     normalised by the next partition, keeps sinks and tail, and the most recent on a short region;
 //   * adakv shares the layer's budget across heads by score above a per-head safeguard;
 //   * expected_attention scores keys by the expected attention of a Gaussian fitted to the
-//     un-rotated queries and moved by the average rotation, times |v|.
+//     un-rotated queries and moved by the average rotation, times |v|;
+//   * criticalkv keeps its scorer's best half, then the best of the scores times |W_o v|_1;
+//   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -389,7 +391,7 @@ TEST_CASE("expected_attention keeps the keys of highest expected attention under
   kv.rope_inv_freq = rope_inv_freq(10000.0, 8, RopeScaling{});
   auto c = make_compressor("expected_attention", {{"n_future_positions", 16}, {"n_sink", 3}});
   const auto want = naive_expected_attention(kv, 3, 16);
-  auto mine = c->keep_scores(kv);  // [Hkv, n]
+  auto mine = c->keep_scores(kv, CompressOptions());  // [Hkv, n]
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t j = 0; j < 40; ++j) {
       INFO("head " << h << " position " << j);
@@ -419,4 +421,148 @@ TEST_CASE("a wrapper composes with a scorer by name: adakv:knorm is adakv with s
   CHECK_THROWS_WITH_AS(make_compressor("adakv:knorm", {{"scorer", "lagkv"}}), doctest::Contains("contradicts the name"),
                        Error);
   CHECK_THROWS_WITH_AS(make_compressor("adakv:chelsea", {}), doctest::Contains("parameter 'scorer'"), Error);
+}
+
+TEST_CASE("criticalkv keeps the scorer's best half, then the best of (score + eps)·|W_o v|_1 (naive loop)") {
+  // 2 KV heads, 2 query heads each, d = 4, hidden = 6.
+  auto kv = random_region(30, 2, 2, 2, 4, 13);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(14);
+  kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto W = kv.out_proj.accessor<double, 2>();
+  for (int64_t b : {int64_t(6), int64_t(15)}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("criticalkv:knorm", nlohmann::json::object())->compress(kv, entries(b));
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<double> sc(30), crit(30);
+      for (int64_t j = 0; j < 30; ++j) {
+        double nn = 0;
+        for (int64_t c = 0; c < 4; ++c) nn += K[h][j][c] * K[h][j][c];
+        sc[j] = -std::sqrt(nn);
+        double wov = 0;  // mean over the group's query heads of sum_o |sum_i W[o][qh·d + i] v_i|
+        for (int64_t qh = 2 * h; qh < 2 * h + 2; ++qh)
+          for (int64_t o = 0; o < 6; ++o) {
+            double y = 0;
+            for (int64_t i = 0; i < 4; ++i) y += W[o][qh * 4 + i] * V[h][j][i];
+            wov += std::abs(y) / 2.0;
+          }
+        crit[j] = (sc[j] + 1e-4) * wov;
+      }
+      std::vector<int64_t> want = naive_top(sc, b / 2);
+      for (int64_t j : want) crit[j] = INFINITY;
+      want = naive_top(crit, b);
+      CHECK(row(out.kept_idx, h) == want);
+    }
+  }
+  LayerKV no_wo = kv;
+  no_wo.out_proj = at::Tensor();
+  CHECK_THROWS_WITH_AS(make_compressor("criticalkv:knorm", {})->compress(no_wo, entries(6)),
+                       doctest::Contains("output projection W_o"), Error);
+  CHECK(compressor_info("criticalkv").needs_out_proj);
+}
+
+// Compactor's scores by loops (sketch_dimension 0: exact leverage with the 1e-2 ridge): keys
+// un-rotated to pre-RoPE, centred, scaled by 1/sqrt(d); leverage x_j (XᵀX + 1e-2 I)⁻¹ x_jᵀ; chunked
+// attention with unscaled logits, the last chunk padded with zero keys (logit 0) and zero queries
+// (1/chunk each); group mean, |v|, a width-3 mean filter; both z-scored over the layer; blended.
+std::vector<std::vector<double>> naive_compactor(const LayerKV& kv, int64_t s0, int64_t s1, int64_t cs, double blend) {
+  const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0),
+                g = h_q / h_kv, lo = s0, hi = n - s1, m = hi - lo;
+  auto pos = at::arange(lo, hi, at::kLong).unsqueeze(0).expand({h_kv, m}).contiguous();
+  auto pre = rotate_by(kv.keys.narrow(1, lo, m), -pos, kv.rope_inv_freq);  // [Hkv, m, d]
+  auto P = pre.accessor<double, 3>();
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto Q = kv.queries.accessor<double, 3>();
+  std::vector<double> lev, att;  // flattened [Hkv][m]
+  for (int64_t h = 0; h < h_kv; ++h) {
+    std::vector<double> mean(d, 0.0);
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t c = 0; c < d; ++c) mean[c] += P[h][j][c] / double(m);
+    auto x = at::zeros({m, d}, at::kDouble);
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t c = 0; c < d; ++c) x[j][c] = (P[h][j][c] - mean[c]) / std::sqrt(double(d));
+    auto ginv = at::inverse(at::matmul(x.t(), x) + 1e-2 * at::eye(d, at::kDouble));
+    for (int64_t j = 0; j < m; ++j) lev.push_back(std::max(0.0, at::dot(at::mv(ginv, x[j]), x[j]).item<double>()));
+    std::vector<double> a(m, 0.0);
+    for (int64_t qh = h * g; qh < (h + 1) * g; ++qh)
+      for (int64_t i = 0; i < m; ++i) {  // the query at region position lo + i (query_pos = 0..n-1)
+        const int64_t c0 = (i / cs) * cs, len = std::min(cs, m - c0);
+        std::vector<double> logit(cs, 0.0);
+        for (int64_t j = 0; j < len; ++j) {
+          double s = 0;
+          for (int64_t c = 0; c < d; ++c) s += Q[qh][lo + i][c] * K[h][lo + c0 + j][c];
+          logit[j] = s;
+        }
+        const double mx = *std::max_element(logit.begin(), logit.end());
+        double z = 0;
+        for (double l : logit) z += std::exp(l - mx);
+        for (int64_t j = 0; j < len; ++j) a[c0 + j] += std::exp(logit[j] - mx) / z / double(g);
+      }
+    const int64_t last = ((m - 1) / cs) * cs, pad = cs - (m - last);
+    for (int64_t j = last; j < m; ++j) a[j] += double(pad) / double(cs);  // padded query rows, already group-mean
+    for (int64_t j = 0; j < m; ++j) {
+      double vn = 0;
+      for (int64_t c = 0; c < d; ++c) vn += V[h][lo + j][c] * V[h][lo + j][c];
+      a[j] *= std::sqrt(vn);
+    }
+    for (int64_t j = 0; j < m; ++j)
+      att.push_back(((j > 0 ? a[j - 1] : 0.0) + a[j] + (j + 1 < m ? a[j + 1] : 0.0)) / 3.0);
+  }
+  auto z = [](std::vector<double> v) {
+    double mu = 0, var = 0;
+    for (double x : v) mu += x / double(v.size());
+    for (double x : v) var += (x - mu) * (x - mu) / double(v.size() - 1);
+    for (double& x : v) x = (x - mu) / std::max(std::sqrt(var), 1e-6);
+    return v;
+  };
+  lev = z(lev);
+  att = z(att);
+  std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, INFINITY));
+  for (int64_t h = 0; h < h_kv; ++h)
+    for (int64_t j = 0; j < m; ++j) out[h][lo + j] = blend * lev[h * m + j] + att[h * m + j];
+  return out;
+}
+
+TEST_CASE("compactor blends the keys' leverage with chunked non-causal attention times |v| (naive loop)") {
+  // Every position's query (observation_queries -1), 50 positions: 3 + 4 sinks, chunks of 16 (the
+  // last one padded).
+  auto kv = random_region(50, 50, 2, 2, 8, 43);
+  kv.query_pos = at::arange(50, at::kLong);
+  kv.rope_inv_freq = rope_inv_freq(10000.0, 8, RopeScaling{});
+  const nlohmann::json p = {{"sink_start", 3}, {"sink_end", 4}, {"chunk_size", 16}, {"sketch_dimension", 0}};
+  for (double blend : {0.5, 0.0}) {
+    INFO("blending=" << blend);
+    nlohmann::json q = p;
+    q["blending"] = blend;
+    auto c = make_compressor("compactor", q);
+    const auto want = naive_compactor(kv, 3, 4, 16, blend);
+    auto mine = c->keep_scores(kv, CompressOptions());  // [Hkv, n]
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < 50; ++j) {
+        INFO("head " << h << " position " << j);
+        if (j < 3 || j >= 46) CHECK(std::isinf(mine[h][j].item<double>()));
+        else CHECK(mine[h][j].item<double>() == doctest::Approx(want[h][j]).epsilon(1e-9));
+      }
+    auto out = c->compress(kv, entries(20));
+    for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(want[h], 20));
+  }
+  // blending -1 = the fraction removed: 1 - ratio for a ratio, 1 - b/n for an entry budget.
+  nlohmann::json q = p;
+  auto def = make_compressor("compactor", q);
+  CompressOptions r;
+  r.budget = Budget::of_ratio(0.3);
+  auto by_ratio = def->keep_scores(kv, r), by_entries = def->keep_scores(kv, entries(20));
+  const auto w07 = naive_compactor(kv, 3, 4, 16, 0.7), w06 = naive_compactor(kv, 3, 4, 16, 0.6);
+  CHECK(by_ratio[1][10].item<double>() == doctest::Approx(w07[1][10]).epsilon(1e-9));
+  CHECK(by_entries[1][10].item<double>() == doctest::Approx(w06[1][10]).epsilon(1e-9));
+  // A Gaussian sketch: the seed decides it (same seed, same scores; another seed, others); no sketch: none.
+  auto sk = make_compressor("compactor", {{"sketch_dimension", 4}, {"sink_start", 3}, {"sink_end", 4}});
+  CompressOptions s1 = entries(20), s2 = entries(20);
+  s2.seed = 1;
+  CHECK(sk->keep_scores(kv, s1).equal(sk->keep_scores(kv, s1)));
+  CHECK(!sk->keep_scores(kv, s1).equal(sk->keep_scores(kv, s2)));
+  auto exact = make_compressor("compactor", p);
+  CHECK(exact->keep_scores(kv, s1).equal(exact->keep_scores(kv, s2)));
 }

@@ -17,12 +17,17 @@
 //   SnapKVPress(window 32, k 5)   snapkv window=32 kernel=5 pooling=avg (kvlab's default is max-pool
 //                                 k7, SnapKV's LongBench config: a documented difference)
 //   ObservedAttentionPress        h2o h2o_queries=all h2o_normalize=true recent=0
+//   CriticalKVPress(KnormPress)   criticalkv scorer=knorm (epsilon 1e-4, first_stage_ratio 0.5)
+//   CriticalKVPress(SnapKVPress)  criticalkv scorer=snapkv window=32 kernel=5 pooling=avg
+//   CompactorPress(sketch 64)     compactor sketch_dimension=0 blending=<the compression ratio>
+//                                 (kvpress's Gaussian sketch replaced by the identity in the golden
+//                                 script: exact leverage scores on both sides)
 // kvlab's kept positions equal kvpress's outside the tie band, on every layer and KV head, and its
 // greedy ids (first token from the exact prefill, then decoding through the cache with the decoded
 // tokens appended, as kvpress's pipeline) are equal where no head has a tie band. Presses kvlab does
 // not have yet are listed and skipped. The scores of knorm, keydiff, lagkv and expected_attention
 // are compared too, on layers 0, 14 and 29, at rtol 1e-5 (expected_attention past its 4 sinks,
-// which kvpress scores max + 1 and kvlab +inf). On these short
+// which kvpress scores max + 1 and kvlab +inf), and compactor's z-scores to an absolute 5e-4. On these short
 // prompts (317 and 421 tokens) LagKV scores one or two partitions of 128 and keeps its sinks and
 // tail at score 1, so most of its kept sets are ties at the cut: its scores are the real check.
 #include <ATen/ATen.h>
@@ -107,6 +112,19 @@ std::pair<std::string, json> kvlab_method(const json& config) {
                 {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
     return q.contains("scorer") ? std::pair<std::string, json>{"adakv", q} : std::pair<std::string, json>{"", json()};
   }
+  if (press == "CriticalKVPress") {
+    const json& inner = p["press"];
+    json q = {{"epsilon", p["epsilon"]}, {"first_stage_ratio", p["first_stage_ratio"]}};
+    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
+    if (inner["press"] == "SnapKVPress")
+      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
+                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
+    return q.contains("scorer") ? std::pair<std::string, json>{"criticalkv", q}
+                                : std::pair<std::string, json>{"", json()};
+  }
+  if (press == "CompactorPress" && p["sketch_dimension"].get<int64_t>() == 64)  // the identity sketch
+    return {"compactor", {{"sink_start", p["sink_size_start"]}, {"sink_end", p["sink_size_end"]},
+                          {"chunk_size", p["chunk_size"]}, {"sketch_dimension", 0}}};
   if (press == "SnapKVPress")
     return {"snapkv", {{"window", p["window_size"]}, {"kernel", p["kernel_size"]}, {"pooling", "avg"}}};
   if (press == "ObservedAttentionPress")
@@ -145,17 +163,22 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   // The query-agnostic scores themselves (layers 0, 14, 29) at rtol 1e-5 (atol 1e-6 for cosines
   // near 0): kvpress's float32 scores from transformers' keys against kvlab's from its own keys.
   int compared_scores = 0;
-  double worst_ea = 0;
+  double worst_ea = 0, worst_compactor = 0;
   for (const auto& config : g["configs"]) {
     const std::string press = config["press"];
     if ((press != "KnormPress" && press != "KeyDiffPress" && press != "LagKVPress" &&
-         press != "ExpectedAttentionPress") ||
+         press != "ExpectedAttentionPress" && press != "CompactorPress") ||
         !config["results"][0].contains("scores"))
       continue;
     const json& p = config["params"];
-    const auto ea = press == "ExpectedAttentionPress" ? make_compressor("expected_attention", kvlab_method(config).second)
-                                                      : nullptr;
-    for (const auto& r : config["results"])
+    const bool compactor = press == "CompactorPress";
+    const std::string ea_method = compactor ? "compactor" : "expected_attention";
+    for (const auto& r : config["results"]) {
+      if (!r.contains("scores")) continue;  // "scores_same_as" a result compared already
+      // Compactor's blend is the compression ratio (kvpress's blending=None).
+      json mp = kvlab_method(config).second;
+      if (compactor) mp["blending"] = p["compression_ratio"];
+      const auto ea = press == "ExpectedAttentionPress" || compactor ? make_compressor(ea_method, mp) : nullptr;
       for (const auto& [layer, heads] : r["scores"].items()) {
         INFO(press << " on " << r["prompt"].get<std::string>() << " layer " << layer);
         const auto& t = taps.at(r["prompt"]).got.at(std::stoi(layer));  // k, v [Hkv, n, d]
@@ -167,7 +190,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           kv.queries = t[0];  // every prompt query, as kvpress
           kv.query_pos = at::arange(t[1].size(1), at::kLong);
           kv.rope_inv_freq = model.inv_freq;
-          mine = ea->keep_scores(kv);
+          mine = ea->keep_scores(kv, CompressOptions());
         } else {
           mine = press == "KnormPress"     ? knorm_scores(t[1])
                  : press == "KeyDiffPress" ? keydiff_scores(t[1])
@@ -176,6 +199,19 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         // expected_attention: rtol 5e-5. kvpress forms its logits k·mu/sqrt(d) + k^T Sigma k / 2d in
         // float32 from a covariance of ~400 queries; their rounding, through the exp, reaches ~1e-5 of
         // a score (the largest measured: 1.6e-5).
+        if (compactor) {
+          // Compactor's scores are z-scores (mean 0, std 1 over the layer): an absolute tolerance,
+          // between its 8 + 4 sinks (kvpress: the max score, kvlab +inf). kvpress solves the leverage
+          // in float32 through a Cholesky factor of X^T X + 1e-2 I; kvlab in float64.
+          const int64_t n = static_cast<int64_t>(heads[0].size());
+          for (int64_t h = 0; h < h_kv; ++h) {
+            const auto theirs = heads[h].get<std::vector<double>>();
+            for (int64_t j = p["sink_size_start"].get<int64_t>(); j < n - p["sink_size_end"].get<int64_t>(); ++j)
+              worst_compactor = std::max(worst_compactor, std::abs(mine[h][j].item<double>() - theirs[j]));
+          }
+          ++compared_scores;
+          continue;
+        }
         const size_t from = ea ? p["n_sink"].get<size_t>() : 0;
         const double rtol = ea ? 5e-5 : 1e-5;
         for (int64_t h = 0; h < h_kv; ++h) {
@@ -188,9 +224,12 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         }
         ++compared_scores;
       }
+    }
   }
-  CHECK(compared_scores == 24);  // 4 presses x 2 prompts x 3 layers
-  MESSAGE("expected_attention scores: largest relative difference from kvpress " << worst_ea);
+  CHECK(compared_scores == 36);  // 4 presses x 2 prompts x 3 layers + compactor's 2 ratios x 2 prompts x 3 layers
+  CHECK(worst_compactor < 5e-4);  // measured 1.4e-4
+  MESSAGE("expected_attention scores: largest relative difference from kvpress " << worst_ea
+          << "; compactor z-scores: largest absolute difference " << worst_compactor);
   std::set<std::string> skipped;
   int compared_sets = 0, compared_greedy = 0;
   for (const auto& config : g["configs"]) {
@@ -199,7 +238,9 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
       skipped.insert(config["press"].get<std::string>());
       continue;
     }
-    auto c = make_compressor(method, params);
+    json mp = params;
+    if (method == "compactor") mp["blending"] = config["params"]["compression_ratio"];  // kvpress's blending=None
+    auto c = make_compressor(method, mp);
     for (const auto& r : config["results"]) {
       const std::string prompt = r["prompt"];
       INFO(config["name"].get<std::string>() << " on " << prompt << " as kvlab " << method << " " << params.dump());
@@ -221,7 +262,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         co.budget = Budget::of_entries(b);
         CompressedLayer cl = compress_layer(*c, co, t[1], t[2], w > 0 ? t[0].narrow(1, n - w, w) : at::Tensor(), 0, 0,
                                             static_cast<int>(l), static_cast<int>(n_layers), nullptr, false, false,
-                                            at::Tensor(), model.inv_freq);
+                                            at::Tensor(), model.inv_freq, model.weights.layers[l].wo);
         for (int64_t h = 0; h < h_kv; ++h) {
           std::set<int64_t> mine;
           const json kept = cl.kept(h);  // (a temporary's ["positions"] would dangle in the loop)
@@ -258,5 +299,5 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 44);  // 11 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 56);  // 14 presses x 2 ratios x 2 prompts
 }

@@ -76,11 +76,12 @@ struct CompressedLayer {
 // `attention_sums` [Hq, n] float64 (optional, only with q_obs = every prompt query): the prefill's
 // per-query-head attention sums (LayerKV::attention_sums), narrowed to the region.
 // `rope_inv_freq` [head_dim / 2] (optional): the model's RoPE frequencies (LayerKV::rope_inv_freq).
+// `out_proj` [hidden, Hq * d] (optional): the layer's output projection (LayerKV::out_proj).
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
                                bool count_whole = false, const at::Tensor& attention_sums = at::Tensor(),
-                               const at::Tensor& rope_inv_freq = at::Tensor());
+                               const at::Tensor& rope_inv_freq = at::Tensor(), const at::Tensor& out_proj = at::Tensor());
 
 class CompressedAttention : public AttentionBackend {
  public:

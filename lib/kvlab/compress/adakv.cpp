@@ -5,7 +5,7 @@
 //   (2024). Checked against NVIDIA kvpress 0.5.5 `AdaKVPress`
 //   (kvpress/presses/adakv_press.py), which wraps any ScorerPress.
 //
-// Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv, snapkv or expected_attention, the methods with
+// Summary. A per-head top-k scorer (`scorer`: knorm, keydiff, lagkv, snapkv, expected_attention or compactor, the methods with
 // Compressor::keep_scores) scores every region position of every KV head. With a budget of b
 // entries per head, the layer keeps H·b entries in all: first each head's n_safe = ⌊α·b⌋ best
 // (at least 1; the safeguard, α = `alpha_safeguard`), then the best of the rest ranked across
@@ -40,8 +40,6 @@ namespace kvlab {
 
 namespace {
 
-const std::vector<std::string> kScorers = {"snapkv", "knorm", "keydiff", "lagkv", "expected_attention"};
-
 class AdaKV final : public Compressor {
  public:
   explicit AdaKV(const nlohmann::json& given) {
@@ -49,7 +47,7 @@ class AdaKV final : public Compressor {
     for (auto it = given.begin(); it != given.end(); ++it)
       (it.key() == "scorer" || it.key() == "alpha_safeguard" ? own : inner)[it.key()] = it.value();
     Params p(own, "adakv");
-    scorer_name_ = p.get_string("scorer", "snapkv", kScorers);
+    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
     alpha_ = p.get_double("alpha_safeguard", 0.2);
     KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "adakv: parameter 'alpha_safeguard' must be in [0, 1], got {}", alpha_);
     p.finish();
@@ -66,7 +64,7 @@ class AdaKV final : public Compressor {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    at::Tensor scores = scorer_->keep_scores(kv);  // [Hkv, n]
+    at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
     KVLAB_CHECK(scores.defined(), "adakv: scorer '{}' gives no per-position scores", scorer_name_);
     const double* sc = scores.data_ptr<double>();
     // Safeguard: each head's n_safe best, then the rest of the layer's H·b by score across heads.

@@ -48,6 +48,9 @@ struct LayerKV {
   // Optional, [head_dim / 2] float32: the RoPE frequencies the keys and queries were rotated with
   // (attention/rope.h; undefined = unknown). expected_attention un-rotates the queries with them.
   at::Tensor rope_inv_freq;
+  // Optional, [hidden, n_q_heads * head_dim]: the layer's output projection W_o (the model's wo;
+  // undefined = unknown, e.g. in replay: captures hold no weights). criticalkv weighs values by ‖W_o v‖₁.
+  at::Tensor out_proj;
 
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }
@@ -94,9 +97,10 @@ class Compressor {
   // least that many (check_observation_queries); a method never silently gets fewer.
   virtual int64_t observation_queries() const { return 0; }
   // Methods that keep, per KV head, the top-scoring region positions (knorm, keydiff, lagkv,
-  // snapkv, expected_attention): those scores, [n_kv_heads, n] float64 on CPU, higher = keep, +inf = always kept
-  // (SnapKV's window). Undefined for every other method. adakv.cpp ranks them across heads.
-  virtual at::Tensor keep_scores(const LayerKV& /*kv*/) const { return at::Tensor(); }
+  // snapkv, expected_attention, compactor): those scores, [n_kv_heads, n] float64 on CPU, higher =
+  // keep, +inf = always kept (SnapKV's window). Undefined for every other method. adakv.cpp ranks
+  // them across heads. `opt` as for compress (compactor's blend and sketch depend on the budget and seed).
+  virtual at::Tensor keep_scores(const LayerKV& /*kv*/, const CompressOptions& /*opt*/) const { return at::Tensor(); }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
   // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the
   // budget against the tokens seen. kv may be empty (n = 0: a cache streamed from the first
@@ -174,6 +178,9 @@ struct CompressorInfo {
   // bare name uses the scorer of its paper preset. The wrapper's own parameters are `scorer` and
   // those its paper preset sets besides the scorer's.
   bool wrapper = false;
+  // Needs the layer's output projection (LayerKV::out_proj: criticalkv): runs in generation and the
+  // task commands, where the model is loaded; replay refuses it (captures hold no weights).
+  bool needs_out_proj = false;
 };
 
 // `name` may compose a wrapper with a scorer, "adakv:knorm" (the scorer given as the wrapper's

@@ -128,12 +128,12 @@ class ExpectedAttention final : public Compressor {
   std::string name() const override { return "expected_attention"; }
   nlohmann::json params() const override { return params_; }
   int64_t observation_queries() const override { return -1; }
-  at::Tensor keep_scores(const LayerKV& kv) const override { return expected_attention_scores(kv, o_); }
+  at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& /*opt*/) const override { return expected_attention_scores(kv, o_); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t b = resolve_budget(opt, kv.n_tokens());
     if (b >= kv.n_tokens()) return keep_all(kv);
-    return detail::keep_top_scores(kv, keep_scores(kv), b);  // [Hkv, b]
+    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
   }
 
  private:

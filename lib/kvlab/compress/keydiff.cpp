@@ -42,12 +42,12 @@ class KeyDiff final : public Compressor {
   explicit KeyDiff(Params p) : params_(p.effective()) { p.finish(); }
   std::string name() const override { return "keydiff"; }
   nlohmann::json params() const override { return params_; }
-  at::Tensor keep_scores(const LayerKV& kv) const override { return keydiff_scores(kv.keys); }  // [Hkv, n]
+  at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& /*opt*/) const override { return keydiff_scores(kv.keys); }  // [Hkv, n]
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t b = resolve_budget(opt, kv.n_tokens());
     if (b >= kv.n_tokens()) return keep_all(kv);
-    return detail::keep_top_scores(kv, keep_scores(kv), b);  // [Hkv, b]
+    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
   }
 
  private:

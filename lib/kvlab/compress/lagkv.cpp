@@ -93,14 +93,14 @@ class LagKV final : public Compressor {
   }
   std::string name() const override { return "lagkv"; }
   nlohmann::json params() const override { return params_; }
-  at::Tensor keep_scores(const LayerKV& kv) const override {
+  at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& /*opt*/) const override {
     return lagkv_scores(kv.keys, kv.values, n_sink_, lag_size_);  // [Hkv, n]
   }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t b = resolve_budget(opt, kv.n_tokens());
     if (b >= kv.n_tokens()) return keep_all(kv);
-    return detail::keep_top_scores(kv, keep_scores(kv), b);  // [Hkv, b]
+    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
   }
 
  private:

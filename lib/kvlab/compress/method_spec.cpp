@@ -125,4 +125,18 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
   return out;
 }
 
+std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, const std::string& spec,
+                                              const std::string& command) {
+  std::vector<MethodSpec> out;
+  for (auto& m : methods) {
+    if (!compressor_info(m.name).needs_out_proj) {
+      out.push_back(std::move(m));
+      continue;
+    }
+    KVLAB_CHECK(spec == "all", "--method {}: needs the layer's output projection W_o, and `kvlab {}` runs without "
+                "the model (captures hold no weights); run it in generate, ppl or a task command", m.name, command);
+  }
+  return out;
+}
+
 }  // namespace kvlab

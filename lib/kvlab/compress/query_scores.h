@@ -146,6 +146,13 @@ inline at::Tensor pad_index_rows(const std::vector<std::vector<int64_t>>& rows) 
   return out;
 }
 
+// The methods with Compressor::keep_scores, which the wrappers (adakv, criticalkv) take as scorers.
+inline const std::vector<std::string>& top_score_methods() {
+  static const std::vector<std::string> names = {"snapkv", "knorm", "keydiff", "lagkv", "expected_attention",
+                                                 "compactor"};
+  return names;
+}
+
 // Per KV head, the `b` highest of `scores` ([Hkv, n] float64 on CPU, as Compressor::keep_scores
 // returns them; ties to the lower index), kept exact: the selection of every top-k scorer (knorm,
 // keydiff, lagkv, expected_attention). b < n (the caller keeps all otherwise).

@@ -36,6 +36,8 @@ std::unique_ptr<Compressor> make_keydiff(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_lagkv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_expected_attention(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_compactor(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -61,6 +63,8 @@ MethodPreset paper_preset_keydiff();
 MethodPreset paper_preset_lagkv();
 MethodPreset paper_preset_adakv();
 MethodPreset paper_preset_expected_attention();
+MethodPreset paper_preset_compactor();
+MethodPreset paper_preset_criticalkv();
 
 namespace {
 
@@ -117,11 +121,20 @@ const std::vector<CompressorInfo>& table() {
        make_expected_attention, paper_preset_expected_attention, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: query statistics O(m d^2) + O(n d^2) scores",
         "known cost: the mean and covariance of m queries O(m·d²) per head, then k·mu and k^T Sigma k for n keys, O(n·d²), and a top-k (Devoto et al. 2025)"}},
+      {"compactor", "approximate leverage of the pre-RoPE keys blended with chunked non-causal attention times |v|, query-agnostic (Compactor; kvpress CompactorPress)",
+       make_compactor, paper_preset_compactor, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: sketch + Cholesky O(n d k + k^3), chunked attention O(n c d)",
+        "known cost: the sketched Gram matrix O(n·d·k) and its Cholesky O(k³), attention within chunks of c positions O(n·c·d), and a top-k (Compactor, Chari & Van Durme 2025)"}},
       {"adakv", "a scorer's budget shared across a layer's KV heads, each head at least alpha of it (Ada-KV; kvpress AdaKVPress)",
        make_adakv, paper_preset_adakv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: the scorer's cost + a top-k over H n",
         "known cost: the wrapped scorer's, then a per-head top-k and one over the layer's H·n scores (Ada-KV, Feng et al.)"},
        /*wrapper=*/true},
+      {"criticalkv", "a scorer's top half kept, the rest by score times |W_o v|_1 (CriticalKV; kvpress CriticalKVPress); needs the model's W_o",
+       make_criticalkv, paper_preset_criticalkv, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: the scorer's cost + O(H n d D) projected values",
+        "known cost: the wrapped scorer's, then each value through its head's slice of W_o, O(H·n·d·D) for hidden size D, and a top-k (CriticalKV, Feng et al. 2025)"},
+       /*wrapper=*/true, /*needs_out_proj=*/true},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",

@@ -103,11 +103,14 @@ class SnapKV final : public Compressor {
   std::string name() const override { return "snapkv"; }
   nlohmann::json params() const override { return params_; }
   int64_t observation_queries() const override { return opt_.window; }
-  // The pooled window scores of the prefix keys, +inf for the region keys inside the window.
-  at::Tensor keep_scores(const LayerKV& kv) const override {
+  // The pooled window scores of the prefix keys, +inf for the region keys inside the window; as the
+  // window's mean attention (kvpress's scale: criticalkv adds its ε to it), where snapkv_select ranks
+  // the sum (the same order).
+  at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& /*opt*/) const override {
     detail::require_queries(kv, "snapkv");
     int64_t n_win = 0;
-    auto prefix = snapkv_scores(kv, opt_, &n_win);                                             // [Hkv, n - n_win]
+    const int64_t w = std::min<int64_t>(opt_.window, kv.queries.size(1));                   // queries voting
+    auto prefix = snapkv_scores(kv, opt_, &n_win) / double(w);                                 // [Hkv, n - n_win]
     auto win = at::full({prefix.size(0), n_win}, std::numeric_limits<double>::infinity(), at::kDouble);  // [Hkv, n_win]
     return at::cat({prefix, win}, 1).contiguous();                                             // [Hkv, n]
   }

@@ -91,7 +91,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
                                     spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor(),
-                                    model.inv_freq));
+                                    model.inv_freq, model.weights.layers[l].wo));
   }
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();

@@ -1,0 +1,143 @@
+// criticalkv — a scorer's choice refined by how much each value moves the layer's output, ‖W_o v‖₁.
+//
+// Paper: Yuan Feng, Junlin Lv, Yukun Cao, Xike Xie, S. Kevin Zhou, "Identify Critical KV Cache in
+//   LLM Inference from an Output Perturbation Perspective", arXiv:2502.03805 (2025). Checked against
+//   NVIDIA kvpress 0.5.5 `CriticalKVPress` (kvpress/presses/criticalkv_press.py), which wraps any
+//   ScorerPress.
+//
+// Summary. An entry's attention weight alone does not say how much dropping it perturbs the
+// output: that also scales with its value after the output projection. With a budget of b entries
+// per KV head and a per-head top-k scorer (`scorer`, as adakv takes: the methods with
+// Compressor::keep_scores):
+//   stage 1  the scorer's ⌊first_stage_ratio · b⌋ best (at least 1) are kept outright;
+//   stage 2  every score becomes (s + ε) · ‖W_o v‖₁, where for each query head h the value is
+//            projected by its slice of W_o, W_o[:, h·d : (h+1)·d] v, the L1 norm taken over the hidden
+//            dimension and averaged over the query heads of the KV head; the rest of the budget goes
+//            to the best of those.
+//
+//   scores    [Hkv, n] float64 from the scorer (+inf = always kept)
+//   out_proj  [hidden, Hq·d] LayerKV::out_proj, the layer's W_o
+//   wov       [Hkv, n] mean over the group of ‖W_o,h v_j‖₁
+//
+// Parameters: scorer [snapkv], epsilon [1e-4], first_stage_ratio [0.5]; every other parameter is the
+//   scorer's own (e.g. `--param criticalkv.window=32`), checked by the scorer.
+//
+// Deviations and notes:
+//   - Needs the layer's W_o, which generation and the task commands pass (the model's wo); replay
+//     refuses it, since captures hold no weights.
+//   - Stage 1's count: kvpress takes int((1 − compression_ratio) · n · first_stage_ratio); kvlab
+//     takes ⌊ratio · n · first_stage_ratio⌋ for a --ratio budget (the same) and
+//     ⌊first_stage_ratio · b⌋ for an entry budget.
+//   - kvpress warns that expected_attention should run with use_vnorm=false under criticalkv (‖v‖
+//     would be counted twice); kvlab leaves that to the user, as kvpress does.
+//   - Ties go to the lower index (torch.topk leaves them unspecified). Prefill-only, as kvpress.
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "kvlab/compress/compressor.h"
+#include "kvlab/compress/preset.h"
+#include "kvlab/compress/query_scores.h"
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+namespace {
+
+// values [Hkv, n, d], out_proj [hidden, Hq·d] -> [Hkv, n]: per query head h the L1 norm of
+// W_o[:, h·d:(h+1)·d] v_j, averaged over the query heads of each KV head.
+// The query heads are W_o's columns / d (the region may come without queries).
+at::Tensor projected_value_norms(const at::Tensor& values, const at::Tensor& out_proj) {
+  const int64_t h_kv = values.size(0), n = values.size(1), d = values.size(2);
+  KVLAB_CHECK(out_proj.dim() == 2 && out_proj.size(1) % (h_kv * d) == 0,
+              "criticalkv: the output projection is {}, expected [hidden, Hq * {}] with Hq a multiple of the {} KV "
+              "heads", out_proj.sizes(), d, h_kv);
+  const int64_t h_q = out_proj.size(1) / d, g = h_q / h_kv;
+  auto v = values.to(at::kCPU, at::kDouble);                                                 // [Hkv, n, d]
+  auto wo = out_proj.to(at::kCPU, at::kDouble);                                              // [hidden, Hq·d]
+  auto out = at::zeros({h_kv, n}, at::kDouble);
+  for (int64_t h = 0; h < h_q; ++h) {
+    auto proj = at::matmul(v[h / g], wo.narrow(1, h * d, d).t());                           // [n, hidden]
+    out[h / g] += proj.abs().sum(-1);
+  }
+  return out / double(g);
+}
+
+class CriticalKV final : public Compressor {
+ public:
+  explicit CriticalKV(const nlohmann::json& given) {
+    nlohmann::json own = nlohmann::json::object(), inner = nlohmann::json::object();
+    for (auto it = given.begin(); it != given.end(); ++it)
+      (it.key() == "scorer" || it.key() == "epsilon" || it.key() == "first_stage_ratio" ? own : inner)[it.key()] =
+          it.value();
+    Params p(own, "criticalkv");
+    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+    epsilon_ = p.get_double("epsilon", 1e-4);
+    first_stage_ = p.get_double("first_stage_ratio", 0.5);
+    KVLAB_CHECK(epsilon_ >= 0, "criticalkv: parameter 'epsilon' must be >= 0, got {}", epsilon_);
+    KVLAB_CHECK(first_stage_ >= 0 && first_stage_ <= 1,
+                "criticalkv: parameter 'first_stage_ratio' must be in [0, 1], got {}", first_stage_);
+    p.finish();
+    scorer_ = make_compressor(scorer_name_, inner);
+    params_ = p.effective();
+    const nlohmann::json inner_effective = scorer_->params();  // a named copy: items() of a temporary dangles
+    for (auto it = inner_effective.begin(); it != inner_effective.end(); ++it) params_[it.key()] = it.value();
+  }
+  std::string name() const override { return "criticalkv"; }
+  nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return scorer_->observation_queries(); }
+
+  // The stage-2 scores with stage 1's choice at +inf.
+  at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& opt) const override {
+    KVLAB_CHECK(kv.out_proj.defined(), "criticalkv: needs the layer's output projection W_o, which {} (LayerKV::out_proj); "
+                "run it in generation or a task command, where the model is loaded",
+                "captures do not hold, so `kvlab replay` cannot run it");
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), b = resolve_budget(opt, n);
+    at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
+    KVLAB_CHECK(scores.defined(), "criticalkv: scorer '{}' gives no per-position scores", scorer_name_);
+    int64_t first = opt.budget.kind == Budget::Kind::ratio
+                        ? static_cast<int64_t>(opt.budget.ratio * double(n) * first_stage_)
+                        : static_cast<int64_t>(double(b) * first_stage_);
+    if (first_stage_ > 0) first = std::max<int64_t>(1, first);
+    auto out = ((scores + epsilon_) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+    const double* sc = scores.data_ptr<double>();
+    double* o = out.data_ptr<double>();
+    for (int64_t h = 0; h < h_kv; ++h)
+      for (int64_t i : detail::top_k_indices(sc + h * n, n, std::min(first, n)))
+        o[h * n + i] = std::numeric_limits<double>::infinity();
+    return out;  // [Hkv, n]
+  }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    const int64_t b = resolve_budget(opt, kv.n_tokens());
+    if (b >= kv.n_tokens()) return keep_all(kv);
+    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
+  }
+
+ private:
+  std::string scorer_name_;
+  double epsilon_ = 1e-4, first_stage_ = 0.5;
+  std::unique_ptr<Compressor> scorer_;
+  nlohmann::json params_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params) {
+  return std::make_unique<CriticalKV>(params);
+}
+
+// Preset "paper": the paper's CriticalKV refines SnapKV's selection (window 32, max-pool kernel 7,
+// as SnapKV's LongBench config), with kvpress's ε = 1e-4 and first_stage_ratio = 0.5.
+MethodPreset paper_preset_criticalkv() {
+  return {{{"scorer", "snapkv"}, {"epsilon", 1e-4}, {"first_stage_ratio", 0.5}, {"window", 32}, {"kernel", 7},
+           {"pooling", "max"}},
+          0,
+          0,
+          "Feng et al. 2025 (CriticalKV) on SnapKV (window 32, kernel 7 max-pool); kvpress CriticalKVPress "
+          "epsilon 1e-4, first_stage_ratio 0.5",
+          "",
+          ""};
+}
+
+}  // namespace kvlab
