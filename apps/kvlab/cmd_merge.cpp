@@ -22,6 +22,7 @@
 #include "kvlab/replay/tables.h"
 #include "kvlab/tasks/longbench.h"
 #include "kvlab/tasks/niah_figure.h"
+#include "kvlab/tasks/ruler.h"
 #include "kvlab/tasks/task_merge.h"
 
 namespace kvlab::cli {
@@ -53,8 +54,8 @@ void merge_sweep(const MergeOptions& o, const nlohmann::json& effective) {
   fmt::print(stderr, "[merge] sweep {}: {} rows from {} points -> {}\n", dir, rows.size(), done, run.file("result.json"));
 }
 
-// The shards of an end-to-end task (longeval, niah, longbench, summarize): prediction files
-// interleaved back into record order, summary rows joined, LongBench's table scored again.
+// The shards of an end-to-end task (longeval, niah, longbench, summarize, ruler): prediction files
+// interleaved back into record order, summary rows joined, LongBench's and RULER's tables made again.
 void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, const nlohmann::json& base_config,
                        const std::map<int, std::pair<std::string, nlohmann::json>>& by_shard) {
   std::vector<std::string> dirs;
@@ -90,6 +91,17 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
     extra["longbench"] = longbench_score_table(scored, datasets, e);
     extra["longbench_e"] = e;
     std::cout << render_table(extra["longbench"], longbench_table_columns(datasets, e)) << "\n";
+  }
+  if (first.contains("ruler")) {  // the leaderboard's table over the joined rows, and the samples (every shard wrote them)
+    extra["ruler"] = ruler_score_table(rows);
+    namespace fs = std::filesystem;
+    if (fs::is_directory(dirs.front() + "/data")) {
+      fs::create_directories(run.file("data"));
+      for (const auto& e : fs::directory_iterator(dirs.front() + "/data"))
+        if (e.is_regular_file())
+          fs::copy_file(e.path(), run.file("data/" + e.path().filename().string()), fs::copy_options::overwrite_existing);
+    }
+    std::cout << render_table(extra["ruler"], ruler_table_columns(extra["ruler"])) << "\n";
   }
   run.write_result(context, rows, extra);
   if (!rows.empty() && rows[0].value("dataset", "") == "niah" && base_config.contains("lengths") &&

@@ -21,6 +21,7 @@ void setup_calibrate(CLI::App& app);  // cmd_calibrate.cpp: kvlab calibrate chel
 void setup_bench_generate(CLI::App& app);  // cmd_bench_generate.cpp: kvlab bench generate
 void setup_longeval(CLI::App& app);  // cmd_longeval.cpp: LongEval line retrieval
 void setup_niah(CLI::App& app);      // cmd_niah.cpp: needle in a haystack
+void setup_ruler(CLI::App& app);     // cmd_ruler.cpp: RULER's synthetic tasks
 void setup_longbench(CLI::App& app);  // cmd_longbench.cpp: LongBench and `longbench eval`
 void setup_summarize(CLI::App& app);  // cmd_summarize.cpp: XSUM summarization (ROUGE)
 void setup_ppl(CLI::App& app);       // cmd_ppl.cpp: perplexity and fidelity through streamed caches

@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_ppl(app);
   kvlab::cli::setup_longeval(app);
   kvlab::cli::setup_niah(app);
+  kvlab::cli::setup_ruler(app);
   kvlab::cli::setup_longbench(app);
   kvlab::cli::setup_summarize(app);
   kvlab::cli::setup_bench_generate(app);

@@ -1,0 +1,127 @@
+// kvlab ruler --model M [--tasks all | niah_single_1,vt,...] [--lengths 1024,2048,4096] [--samples 20]
+//             [--method a,b] (--ratio r | --budget N | --T t) [--protocol whole|context]
+//             [--haystack-dir D] [--words F] [--out DIR | --results-dir D --name N]
+// RULER's synthetic tasks (tasks/ruler.h) generated with the model's own tokenizer, written to
+// <out>/data/<task>_<length>.jsonl (RULER's fields, plus the context / question split, so another tool
+// can run the very same samples), then run through compressed caches on the task runner: one exact
+// prefill per sample shared by every (method, budget) branch, resumable, --shard i/N. Scores are
+// RULER's string_match_all x 100 with fidelity to the full cache beside them; the table is the
+// leaderboard's layout, branches by tasks per length with the average last.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "command.h"
+#include "commands.h"
+#include "kvlab/core/bounds.h"
+#include "kvlab/core/check.h"
+#include "kvlab/core/report.h"
+#include "kvlab/model/model_tokenizer.h"
+#include "kvlab/tasks/niah.h"
+#include "kvlab/tasks/prompt_split.h"
+#include "kvlab/tasks/ruler.h"
+#include "task_command.h"
+
+namespace kvlab::cli {
+namespace {
+
+using nlohmann::json;
+
+struct RulerOptions {
+  TaskCommonOptions common{"ruler"};
+  std::string tasks = "all";
+  std::vector<int64_t> lengths = {1024, 2048, 4096};
+  int64_t samples = 20;
+  std::string haystack_dir = "../shared/data/niah/PaulGrahamEssays";
+  std::string words = "data/ruler/wonderwords.json";
+  void fields(FieldList& f) {
+    f.add("tasks", tasks, "RULER tasks, comma-separated, or all (its 11 synthetic tasks: niah_single_1/2/3, "
+                          "niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe)");
+    f.add("lengths", lengths, "sequence lengths in tokens: the prompt the model sees plus the task's tokens to "
+                              "generate (RULER's max_seq_length)");
+    f.add("samples", samples, "samples per task and length");
+    f.add("haystack_dir", haystack_dir, "folder of the essays for the essay haystack (*.txt, read in name order)");
+    f.add("words", words, "wonderwords' lists as RULER reads them (data_scripts/make_ruler_words.py writes it)");
+    common.fields(f);
+  }
+  void check() const {
+    parse_ruler_tasks(tasks);
+    KVLAB_CHECK(samples >= 1, "--samples must be >= 1, got {}", samples);
+    KVLAB_CHECK(!lengths.empty(), "give --lengths (one value at least)");
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      KVLAB_CHECK(lengths[i] >= 256, "--lengths: {} is too short for RULER's templates (at least 256)", lengths[i]);
+      for (size_t j = 0; j < i; ++j) KVLAB_CHECK(lengths[i] != lengths[j], "--lengths: {} is listed twice", lengths[i]);
+    }
+    task_branches(common, /*need_files=*/false);
+  }
+};
+
+void run_ruler(const RulerOptions& o, const json& effective) {
+  const auto& c = o.common;
+  const auto branches = task_branches(c);
+  const auto tasks = parse_ruler_tasks(o.tasks);
+  const bool essay = std::any_of(tasks.begin(), tasks.end(), [](const RulerTask& t) { return t.haystack == "essay"; });
+  KVLAB_CHECK(std::filesystem::is_regular_file(o.words), "--words {}: not found (run data_scripts/make_ruler_words.py, or give the path)",
+              o.words);
+  const RulerSources src = ruler_sources(o.words, essay ? read_haystack(o.haystack_dir) : std::string());
+  auto tm = load_task_model(c);
+  for (int64_t L : o.lengths)
+    KVLAB_CHECK(tm->context <= 0 || L <= tm->context, "--lengths: {} exceeds {}'s context of {} tokens", L,
+                tm->model.id, tm->context);
+  auto full_text = [&](const std::string& input, const std::string& prefix) {
+    return apply_model_chat_messages(c.chat_template, tm->src, tm->tok, {{"user", input}}) + prefix;
+  };
+  RulerTokenCount count;
+  count.prompt = [&](const std::string& input, const std::string& prefix) {
+    return int64_t(tm->tok.encode(full_text(input, prefix), /*add_bos=*/true).size());
+  };
+  count.text = [&](const std::string& text) { return int64_t(tm->tok.encode(text, /*add_bos=*/false).size()); };
+
+  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  json rows = json::array();
+  for (size_t li = 0; li < o.lengths.size(); ++li)
+    for (size_t ti = 0; ti < tasks.size(); ++ti) {
+      const RulerTask& t = tasks[ti];
+      const int64_t L = o.lengths[li];
+      const std::string dataset = ruler_dataset(t.name, L);
+      const auto samples = make_ruler_samples(t, src, L, o.samples, static_cast<uint64_t>(c.seed), count);
+      std::string lines;
+      std::vector<TaskRecord> records;
+      for (const auto& s : samples) {
+        lines += s.to_json().dump() + "\n";
+        TaskRecord r;
+        r.id = std::to_string(s.index);
+        const std::string text = full_text(s.input, s.answer_prefix);
+        SplitPrompt sp = encode_split(tm->tok, text, offset_in(text, s.input, s.context_end));
+        r.prompt = std::move(sp.ids);
+        r.context_len = sp.context_len;
+        r.max_new_tokens = t.tokens_to_generate;
+        r.gold = {{"outputs", s.outputs}, {"match", t.match_all ? "all" : "part"}, {"task", t.name}, {"length", L},
+                  {"prompt_tokens", r.prompt.size()}};
+        records.push_back(std::move(r));
+      }
+      write_text_atomic(run.file("data/" + dataset + ".jsonl"), lines);
+      run_task_dataset(c, *tm, run, ctx, TaskSpec{dataset, ruler_score}, records, branches, rows,
+                       li + 1 == o.lengths.size() && ti + 1 == tasks.size());
+    }
+  const json table = ruler_score_table(rows);
+  run.write_result(ctx, rows, {{"complete", true}, {"ruler", table}});
+  std::cout << task_table_header(c) << "RULER (string_match_all x 100)\n"
+            << render_table(table, ruler_table_columns(table)) << "\nFidelity to the full cache\n"
+            << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
+                                   "entries_start", "entries_peak", "mem", "seconds_per_record"});
+  fmt::print(stderr, "[ruler] wrote {}, {} and {}\n", run.file("result.json"), run.file("data/"), run.file("pred/"));
+}
+
+}  // namespace
+
+void setup_ruler(CLI::App& app) {
+  add_command<RulerOptions>(app, "ruler",
+                            "RULER's synthetic tasks generated with the model's tokenizer, through compressed "
+                            "caches: string_match_all per task and length, fidelity to the full cache",
+                            run_ruler);
+}
+
+}  // namespace kvlab::cli

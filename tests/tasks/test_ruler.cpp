@@ -1,0 +1,264 @@
+// RULER (tasks/ruler.h) against NVIDIA/RULER's generators and evaluate.py (c3f5e3b): one sample per
+// task built on stories260K's tokenizer, checked for RULER's structure — the templates and answer
+// prefixes of constants.py verbatim (niah's singular rewrite included), the needle sentences, their
+// count and their keys and values, vt's chain and one-shot example, cwe's repetition counts and
+// numbering, fwe's Zipf ranks — and for the length: within the budget (prompt + tokens to generate
+// <= max_seq_length) and one search step of it. The scorer on a hand-checked set of
+// string_match_all / string_match_part cases and postprocess_pred.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include <fmt/format.h>
+
+#include "kvlab/model/model.h"
+#include "kvlab/core/check.h"
+#include "kvlab/model/model_tokenizer.h"
+#include "kvlab/tasks/niah.h"
+#include "kvlab/tasks/ruler.h"
+#include "test_util.h"
+
+using namespace kvlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
+std::string essays_dir() { return test::shared_dir() + "/data/niah/PaulGrahamEssays"; }
+std::string words_file() { return std::string(KVLAB_SOURCE_DIR) + "/data/ruler/wonderwords.json"; }
+
+int64_t count_of(const std::string& s, const std::string& sub) {
+  int64_t n = 0;
+  for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + 1)) ++n;
+  return n;
+}
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("ruler: one sample per task has RULER's structure and fits its length (stories260K's tokenizer)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(essays_dir())) {
+    MESSAGE("skipped: stories260K or the essays not found (set KVLAB_SHARED)");
+    return;
+  }
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const RulerSources src = ruler_sources(words_file(), read_haystack(essays_dir()));
+  CHECK(src.nouns.size() == 6782);  // wonderwords 3.0.1
+  CHECK(src.adjectives.size() == 910);
+  CHECK(src.verbs.size() == 1041);
+  RulerTokenCount count;  // no chat template: RULER's `base`
+  count.prompt = [&](const std::string& input, const std::string& prefix) {
+    return int64_t(tok.encode(input + prefix, /*add_bos=*/true).size());
+  };
+  count.text = [&](const std::string& t) { return int64_t(tok.encode(t, false).size()); };
+  const int64_t L = 2048;
+  const std::regex needle_re(R"(One of the special magic (numbers|uuids) for ([^ ]+) is: ([0-9a-f-]+)\.)");
+  for (const auto& t : parse_ruler_tasks("all")) {
+    CAPTURE(t.name);
+    const auto samples = make_ruler_samples(t, src, L, 1, 42, count);
+    REQUIRE(samples.size() == 1);
+    const RulerSample& s = samples[0];
+    // The budget: the prompt (answer prefix included) + tokens to generate, as RULER's assert.
+    CHECK(s.length == count.prompt(s.input, s.answer_prefix) + t.tokens_to_generate);
+    CHECK(s.length <= L);
+    CHECK(s.length > L * 3 / 4);  // RULER's search ends one step (a few lines / words) below the budget
+    CHECK(s.context_end < s.input.size());
+    // The same arguments give the same sample; another seed another one.
+    CHECK(make_ruler_samples(t, src, L, 1, 42, count)[0].input == s.input);
+    CHECK(make_ruler_samples(t, src, L, 1, 43, count)[0].input != s.input);
+    if (t.kind == "niah") {
+      const bool singular = t.num_q * t.num_v == 1;
+      const std::string v = singular ? t.needle_v.substr(0, t.needle_v.size() - 1) : t.needle_v;
+      CHECK(starts_with(s.input, singular ? fmt::format("A special magic {} is hidden within the following text. Make "
+                                                        "sure to memorize it. I will quiz you about the {} afterwards.\n", v, v)
+                                          : fmt::format("Some special magic {} are hidden within the following text. "
+                                                        "Make sure to memorize it. I will quiz you about the {} "
+                                                        "afterwards.\n", v, v)));
+      // The needles: num_k·num_v real ones (plus a distractor on every other line of a needle haystack).
+      std::map<std::string, std::vector<std::string>> by_key;
+      for (std::sregex_iterator it(s.input.begin(), s.input.end(), needle_re), end; it != end; ++it) {
+        CHECK((*it)[1] == t.needle_v);  // always the plural in the needle
+        by_key[(*it)[2]].push_back((*it)[3]);
+      }
+      const int num_k = std::max(t.num_k, t.num_q);
+      if (t.haystack == "needle") CHECK(int64_t(by_key.size()) == s.haystack + 1);
+      else CHECK(int64_t(by_key.size()) == num_k);
+      if (t.haystack == "noise") CHECK(count_of(s.input, "The grass is green. The sky is blue. The sun is yellow. "
+                                                         "Here we go. There and back again.") == s.haystack);
+      // The question names the queried keys (Oxford comma for several), the outputs are their values.
+      const std::string q = s.input.substr(s.input.rfind("\nWhat "));
+      CHECK(starts_with(q, fmt::format("\nWhat {} the special magic {} for ", singular ? "is" : "are all", v)));
+      CHECK(ends_with(q, " mentioned in the provided text?"));
+      CHECK(starts_with(s.answer_prefix, fmt::format(" The special magic {} for ", v)));
+      CHECK(ends_with(s.answer_prefix, singular ? " mentioned in the provided text is" : " mentioned in the provided text are"));
+      CHECK(s.outputs.size() == size_t(t.num_q * t.num_v));
+      int64_t found = 0;
+      for (const auto& [key, vals] : by_key)
+        if (q.find(key) != std::string::npos) {
+          ++found;
+          for (const auto& val : vals) CHECK(std::count(s.outputs.begin(), s.outputs.end(), val) == 1);
+        }
+      CHECK(found == t.num_q);
+      if (t.num_q > 1) CHECK(count_of(q, ", and ") == 1);
+      if (t.needle_v == "uuids")
+        for (const auto& o : s.outputs) CHECK(std::regex_match(o, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+      if (t.needle_v == "numbers")
+        for (const auto& o : s.outputs) CHECK(std::regex_match(o, std::regex("[1-9][0-9]{6}")));
+    } else if (t.kind == "vt") {
+      // The one-shot example (3-letter names), then the task: a chain of 5 five-letter names.
+      const std::string task_start = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n";
+      CHECK(starts_with(s.input, task_start));
+      CHECK(count_of(s.input, task_start) == 2);
+      const std::string main = s.input.substr(s.input.rfind(task_start));
+      REQUIRE(s.outputs.size() == 5);
+      std::smatch m;
+      REQUIRE(std::regex_search(main, m, std::regex("\nVAR " + s.outputs[0] + " = ([0-9]{5})\n")));
+      const std::string value = m[1];
+      size_t at = main.find("VAR " + s.outputs[0] + " = " + value);
+      for (int j = 1; j < 5; ++j) {  // in order, each with RULER's trailing space
+        const size_t next = main.find("\nVAR " + s.outputs[j] + " = VAR " + s.outputs[j - 1] + " \n");
+        CHECK(next != std::string::npos);
+        CHECK(next > at);
+        at = next;
+      }
+      CHECK(ends_with(main, "\nQuestion: Find all variables that are assigned the value " + value + " in the text above."));
+      CHECK(s.answer_prefix == " Answer: According to the chain(s) of variable assignment in the text above, 5 "
+                               "variables are assigned the value " + value + ", they are: ");
+      const std::string example = s.input.substr(0, s.input.rfind(task_start));
+      CHECK(std::regex_search(example, std::regex(", they are:  [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3} [A-Z]{3}\n\n$")));
+    } else if (t.kind == "cwe") {
+      const std::string head = "Below is a numbered list of words. In these words, some appear more often than others. "
+                               "Memorize the ones that appear most often.\n";
+      CHECK(count_of(s.input, head) == 2);
+      CHECK(s.answer_prefix == " Answer: The top 10 words that appear most often in the list are:");
+      CHECK(ends_with(s.input, "\nQuestion: What are the 10 most common words in the above list?"));
+      // The task's list: below 4096 tokens each common word 6 times, each other once, numbered 1..n.
+      const size_t from = s.input.rfind(head) + head.size(), to = s.input.rfind("\nQuestion:");
+      const std::string list = s.input.substr(from, to - from);
+      std::map<std::string, int> freq;
+      int64_t n = 0;
+      std::regex item("([0-9]+)\\. ([^ ]+( [^ 0-9][^ ]*)*)( |$)");
+      for (std::sregex_iterator it(list.begin(), list.end(), item), end; it != end; ++it) {
+        CHECK(std::stoll((*it)[1]) == ++n);
+        ++freq[(*it)[2]];
+      }
+      REQUIRE(s.outputs.size() == 10);
+      for (const auto& w : s.outputs) CHECK(freq[w] == 6);
+      CHECK(int64_t(freq.size()) == s.haystack);
+      CHECK(n == 60 + (s.haystack - 10));
+      // The few-shot example's answer, numbered.
+      CHECK(std::regex_search(s.input, std::regex(" Answer: The top 10 words that appear most often in the list are: 1\\. .* 10\\. [^\n]+\nBelow is")));
+    } else if (t.kind == "fwe") {
+      CHECK(starts_with(s.input, "Read the following coded text and track the frequency of each coded word. Find the "
+                                 "three most frequently appeared coded words. "));
+      CHECK(ends_with(s.input, "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the "
+                               "three most frequently appeared words in the above coded text?"));
+      std::map<std::string, int64_t> freq;
+      const std::string text = s.input.substr(0, s.context_end);
+      std::regex word("(\\.\\.\\.|[a-z]{6})( |$)");
+      for (std::sregex_iterator it(text.begin() + text.find("words. ") + 7, text.end(), word), end; it != end; ++it)
+        ++freq[(*it)[1]];
+      REQUIRE(s.outputs.size() == 3);
+      // Zipf α = 2: rank k appears ⌊n·k⁻²/ζ(2)⌋ times; "..." is rank 1, the answers ranks 2, 3, 4.
+      CHECK(freq["..."] > freq[s.outputs[0]]);
+      CHECK(freq[s.outputs[0]] > freq[s.outputs[1]]);
+      CHECK(freq[s.outputs[1]] > freq[s.outputs[2]]);
+      const double n1 = double(freq["..."]);
+      CHECK(double(freq[s.outputs[0]]) == doctest::Approx(n1 / 4).epsilon(0.05));
+      CHECK(double(freq[s.outputs[1]]) == doctest::Approx(n1 / 9).epsilon(0.1));
+    }
+  }
+  CHECK_THROWS_WITH_AS(parse_ruler_tasks("niah_single_9"), doctest::Contains("--tasks: unknown task 'niah_single_9'"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_ruler_tasks("qa_1"), doctest::Contains("SQuAD"), Error);
+  CHECK(parse_ruler_tasks("all").size() == 11);
+}
+
+TEST_CASE("ruler: string_match_all / string_match_part and postprocess_pred as evaluate.py (hand-checked)") {
+  // postprocess_pred: strip, each of \x00-\x1f -> '\n', strip.
+  CHECK(ruler_postprocess("  \x01 abc\tdef\x1f \n") == "abc\ndef");
+  CHECK(ruler_postprocess("") == "");
+  auto all = [](const std::string& out, std::vector<std::string> refs) {
+    return ruler_score(out, {{"outputs", refs}, {"match", "all"}})["score"].get<double>();
+  };
+  auto part = [](const std::string& out, std::vector<std::string> refs) {
+    return ruler_score(out, {{"outputs", refs}, {"match", "part"}})["score"].get<double>();
+  };
+  // RULER: sum(r.lower() in pred.lower() for r in ref) / len(ref)
+  CHECK(all(" 1234567.", {"1234567"}) == 1.0);
+  CHECK(all("The numbers are 1234567 and 7654321", {"1234567", "7654321", "1111111"}) == doctest::Approx(2.0 / 3));
+  CHECK(all("ABC def", {"abc", "DEF"}) == 1.0);              // case-insensitive both ways
+  CHECK(all("12345678", {"1234567"}) == 1.0);                // a substring, no word boundary
+  CHECK(all("none here", {"1234567"}) == 0.0);
+  CHECK(all("abc\x02xyz", {"abc\nxyz"}) == 1.0);             // control characters become newlines first
+  CHECK(part("Paris, France", {"London", "paris"}) == 1.0);  // any one
+  CHECK(part("Rome", {"London", "Paris"}) == 0.0);
+}
+
+TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged equal one run, resume, errors") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(essays_dir())) {
+    MESSAGE("skipped: stories260K or the essays not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("ruler_cli");
+  const std::string base = test::kvlab_bin() + " --threads 2 ruler --model " + stories_dir() + " --haystack-dir " +
+                           essays_dir() + " --words " + words_file() +
+                           " --tasks niah_single_2,fwe --lengths 512 --samples 3 --method snapkv --ratio 0.5 --quiet"
+                           " --obs-queries 32";
+  std::string out;
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &out) == 0);
+  INFO(out);
+  CHECK(out.find("RULER (string_match_all x 100)") != std::string::npos);
+  auto lines = [](const std::string& p) {
+    std::ifstream f(p);
+    std::vector<nlohmann::json> v;
+    for (std::string l; std::getline(f, l);)
+      if (!l.empty()) v.push_back(nlohmann::json::parse(l));
+    return v;
+  };
+  // The samples, for any other tool: RULER's fields and the context / question split.
+  const auto data = lines(dir + "/run/data/fwe_512.jsonl");
+  REQUIRE(data.size() == 3);
+  for (const auto& d : data) {
+    CHECK(d["context"].get<std::string>() + d["question"].get<std::string>() == d["input"].get<std::string>());
+    CHECK(starts_with(d["question"].get<std::string>(), "\nQuestion: Do not provide any explanation."));
+    CHECK(d["outputs"].size() == 3);
+    CHECK(d["length"].get<int64_t>() <= 512);
+  }
+  CHECK(lines(dir + "/run/pred/snapkv_ratio0.5/niah_single_2_512.jsonl").size() == 3);
+  std::ifstream f(dir + "/run/result.json");
+  const auto res = nlohmann::json::parse(f);
+  REQUIRE(res["ruler"].size() == 2);  // exact and snapkv at length 512
+  CHECK(res["ruler"][1]["branch"] == "snapkv_ratio0.5");
+  const double avg = res["ruler"][1]["average"].get<double>();
+  CHECK(avg == doctest::Approx((res["ruler"][1]["niah_single_2"].get<double>() + res["ruler"][1]["fwe"].get<double>()) / 2));
+  // Two shards merged: the same samples, predictions and table as the single run.
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(test::run_command(base + fmt::format(" --shard {}/2 --out {}/s{}", i, dir, i), &out) == 0);
+  REQUIRE(test::run_command(test::kvlab_bin() + " merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/merged", &out) == 0);
+  std::ifstream fm(dir + "/merged/result.json");
+  const auto merged = nlohmann::json::parse(fm);
+  CHECK(merged["ruler"] == res["ruler"]);
+  CHECK(lines(dir + "/merged/data/fwe_512.jsonl") == data);
+  CHECK(lines(dir + "/merged/pred/exact/fwe_512.jsonl").size() == 3);
+  // Resume: the same command over the same folder decodes nothing again.
+  std::string again;
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  std::ifstream f2(dir + "/run/result.json");
+  CHECK(nlohmann::json::parse(f2)["ruler"] == res["ruler"]);
+  // Errors name the flag.
+  std::string err;
+  const std::string bare = test::kvlab_bin() + " ruler --model " + stories_dir() + " --haystack-dir " + essays_dir();
+  CHECK(test::run_command(bare + " --words " + words_file() + " --tasks niah_single_7 --out " + dir + "/e1", &err) != 0);
+  CHECK(err.find("--tasks: unknown task 'niah_single_7'") != std::string::npos);
+  CHECK(test::run_command(bare + " --words /nonexistent.json --out " + dir + "/e2", &err) != 0);
+  CHECK(err.find("--words /nonexistent.json: not found") != std::string::npos);
+}
