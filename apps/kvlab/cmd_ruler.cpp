@@ -11,12 +11,15 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
 
 #include "command.h"
 #include "commands.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "kvlab/tasks/niah.h"
@@ -115,13 +118,120 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   fmt::print(stderr, "[ruler] wrote {}, {} and {}\n", run.file("result.json"), run.file("data/"), run.file("pred/"));
 }
 
+struct RulerEvalOptions {
+  std::vector<std::string> dirs;
+  std::string out;
+  bool overwrite = false;
+  void fields(FieldList& f) {
+    f.add("dirs", dirs, "folders holding pred/<branch>/<task>_<length>.jsonl (a kvlab ruler run, and e.g. the "
+                        "output of bench/ruler_kvpress.py); the samples from the first one's data/")
+        .positional()
+        .required();
+    f.add("out", out, "where result.json goes (default <first dir>/eval)");
+    f.add("overwrite", overwrite, "replace an --out folder that holds another config's results");
+  }
+};
+
+// One line per (branch, dataset): RULER's score of every prediction file, and for a branch named
+// kvpress_<x> the fraction of its outputs equal to kvlab's branch <x> (same sample).
+void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
+  namespace fs = std::filesystem;
+  const std::string data_dir = o.dirs.front() + "/data";
+  KVLAB_CHECK(fs::is_directory(data_dir), "ruler eval: {} is not a folder (the first folder must be a kvlab ruler "
+              "run: its samples are the references)", data_dir);
+  std::map<std::string, std::map<std::string, json>> gold;  // dataset -> id -> sample
+  for (const auto& e : fs::directory_iterator(data_dir)) {
+    if (e.path().extension() != ".jsonl") continue;
+    std::ifstream in(e.path());
+    int64_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      if (line.empty()) continue;
+      json j = json::parse(line, nullptr, false);
+      KVLAB_CHECK(!j.is_discarded() && j.contains("index") && j.contains("outputs"), "{}: line {} is not a RULER sample",
+                  e.path().string(), n);
+      gold[e.path().stem().string()][std::to_string(j["index"].get<int64_t>())] = j;
+    }
+  }
+  // branch -> dataset -> id -> output
+  std::map<std::string, std::map<std::string, std::map<std::string, std::string>>> outputs;
+  std::vector<std::string> order;
+  for (const auto& dir : o.dirs) {
+    KVLAB_CHECK(fs::is_directory(dir + "/pred"), "ruler eval: {}/pred is not a folder", dir);
+    std::vector<fs::path> branches;
+    for (const auto& e : fs::directory_iterator(dir + "/pred"))
+      if (e.is_directory()) branches.push_back(e.path());
+    std::sort(branches.begin(), branches.end(), [](const fs::path& a, const fs::path& b) {
+      const bool ea = a.filename() == "exact", eb = b.filename() == "exact";
+      return ea != eb ? ea : a < b;
+    });
+    for (const auto& b : branches) {
+      const std::string name = b.filename().string();
+      KVLAB_CHECK(!outputs.count(name), "ruler eval: branch {} is in two of the folders", name);
+      order.push_back(name);
+      for (const auto& e : fs::directory_iterator(b)) {
+        if (e.path().extension() != ".jsonl") continue;
+        const std::string dataset = e.path().stem().string();
+        KVLAB_CHECK(gold.count(dataset), "ruler eval: {} has no samples in {} ({}.jsonl)", e.path().string(), data_dir,
+                    dataset);
+        std::ifstream in(e.path());
+        int64_t n = 0;
+        for (std::string line; std::getline(in, line);) {
+          ++n;
+          if (line.empty()) continue;
+          json j = json::parse(line, nullptr, false);
+          KVLAB_CHECK(!j.is_discarded() && j.contains("id") && j.contains("output"), "{}: line {} has no \"id\" and "
+                      "\"output\"", e.path().string(), n);
+          const std::string id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+          KVLAB_CHECK(gold[dataset].count(id), "{}: line {}: sample {} is not in {}/{}.jsonl", e.path().string(), n, id,
+                      data_dir, dataset);
+          outputs[name][dataset][id] = j["output"].get<std::string>();
+        }
+      }
+    }
+  }
+  json rows = json::array();
+  for (const auto& b : order)
+    for (const auto& [dataset, outs] : outputs[b]) {
+      double sum = 0;
+      for (const auto& [id, out] : outs) {
+        const json& g = gold[dataset][id];
+        const std::string task = dataset.substr(0, dataset.rfind('_'));
+        const bool part = std::any_of(ruler_tasks().begin(), ruler_tasks().end(),
+                                      [&](const RulerTask& t) { return t.name == task && !t.match_all; });
+        sum += ruler_score(out, {{"outputs", g["outputs"]}, {"match", part ? "part" : "all"}})["score"].get<double>();
+      }
+      json row = {{"branch", b}, {"dataset", dataset}, {"n", outs.size()}, {"score", 100.0 * sum / double(outs.size())}};
+      // kvpress_<x>: how often its output is kvlab's <x>'s, over the samples both have.
+      if (b.rfind("kvpress_", 0) == 0 && outputs.count(b.substr(8)) && outputs[b.substr(8)].count(dataset)) {
+        const auto& mine = outputs[b.substr(8)][dataset];
+        int64_t both = 0, same = 0;
+        for (const auto& [id, out] : outs)
+          if (mine.count(id)) ++both, same += mine.at(id) == out;
+        if (both) row["same_as_kvlab"] = double(same) / double(both);
+      }
+      rows.push_back(row);
+    }
+  const json table = ruler_score_table(rows);
+  RunDir run(o.out.empty() ? o.dirs.front() + "/eval" : o.out, "ruler-eval", effective, /*exact=*/true, o.overwrite);
+  run.write_result(context_block("cpu", 0, effective), rows, {{"ruler", table}});
+  std::cout << "RULER (string_match_all x 100)\n" << render_table(table, ruler_table_columns(table)) << "\n"
+            << render_table(rows, {"branch", "dataset", "n", "score", "same_as_kvlab"});
+  fmt::print(stderr, "[ruler eval] wrote {}\n", run.file("result.json"));
+}
+
 }  // namespace
 
 void setup_ruler(CLI::App& app) {
-  add_command<RulerOptions>(app, "ruler",
-                            "RULER's synthetic tasks generated with the model's tokenizer, through compressed "
-                            "caches: string_match_all per task and length, fidelity to the full cache",
-                            run_ruler);
+  CLI::App* r = add_command<RulerOptions>(app, "ruler",
+                                          "RULER's synthetic tasks generated with the model's tokenizer, through "
+                                          "compressed caches: string_match_all per task and length, fidelity to the "
+                                          "full cache",
+                                          run_ruler);
+  add_command<RulerEvalOptions>(*r, "eval",
+                                "Score folders of RULER prediction files (kvlab's branches, bench/ruler_kvpress.py's) "
+                                "against a kvlab ruler run's samples",
+                                run_ruler_eval);
 }
 
 }  // namespace kvlab::cli

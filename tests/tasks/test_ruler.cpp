@@ -254,6 +254,32 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
   std::ifstream f2(dir + "/run/result.json");
   CHECK(nlohmann::json::parse(f2)["ruler"] == res["ruler"]);
+  // ruler eval: another tool's predictions (bench/ruler_kvpress.py's layout) scored beside kvlab's; a
+  // kvpress_<x> folder is compared with kvlab's <x>. Here a copy of snapkv's outputs: all the same.
+  fs::create_directories(dir + "/other/pred/kvpress_snapkv_ratio0.5");
+  {
+    std::ofstream o(dir + "/other/pred/kvpress_snapkv_ratio0.5/fwe_512.jsonl");
+    for (const auto& l : lines(dir + "/run/pred/snapkv_ratio0.5/fwe_512.jsonl"))
+      o << nlohmann::json{{"id", l["id"]}, {"output", l["output"]}}.dump() << "\n";
+  }
+  REQUIRE(test::run_command(test::kvlab_bin() + " ruler eval " + dir + "/run " + dir + "/other --out " + dir + "/ev", &out) == 0);
+  std::ifstream fe(dir + "/ev/result.json");
+  const auto ev = nlohmann::json::parse(fe);
+  bool seen = false;
+  for (const auto& r : ev["rows"])
+    if (r["branch"] == "kvpress_snapkv_ratio0.5") {
+      seen = true;
+      CHECK(r["same_as_kvlab"] == 1.0);
+      CHECK(r["score"].get<double>() == doctest::Approx(res["ruler"][1]["fwe"].get<double>()));
+    }
+  CHECK(seen);
+  CHECK(ev["ruler"][0] == res["ruler"][0]);  // kvlab's own branches score as the run scored them
+  {
+    std::ofstream o(dir + "/other/pred/kvpress_snapkv_ratio0.5/fwe_512.jsonl", std::ios::app);
+    o << "{\"id\": \"99\", \"output\": \"x\"}\n";
+  }
+  CHECK(test::run_command(test::kvlab_bin() + " ruler eval " + dir + "/run " + dir + "/other --out " + dir + "/ev2", &out) != 0);
+  CHECK(out.find("sample 99 is not in") != std::string::npos);
   // Errors name the flag.
   std::string err;
   const std::string bare = test::kvlab_bin() + " ruler --model " + stories_dir() + " --haystack-dir " + essays_dir();
