@@ -91,9 +91,13 @@ def main():
     ap.add_argument("--gguf", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="the first N samples of each file (0 = all)")
+    ap.add_argument("--lengths", default="", help="only these lengths, comma-separated (default: every data file)")
     args = ap.parse_args()
 
     data_files = sorted(glob.glob(os.path.join(args.run, "data", "*.jsonl")))
+    if args.lengths:
+        keep = set(args.lengths.split(","))
+        data_files = [p for p in data_files if os.path.basename(p)[: -len(".jsonl")].rsplit("_", 1)[1] in keep]
     if not data_files:
         sys.exit(f"{args.run}/data: no <task>_<length>.jsonl (run kvlab ruler first)")
     out = args.out or os.path.join(args.run, "kvpress")

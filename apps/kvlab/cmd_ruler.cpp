@@ -39,6 +39,7 @@ struct RulerOptions {
   int64_t samples = 20;
   std::string haystack_dir = "../shared/data/niah/PaulGrahamEssays";
   std::string words = "data/ruler/wonderwords.json";
+  bool data_only = false;
   void fields(FieldList& f) {
     f.add("tasks", tasks, "RULER tasks, comma-separated, or all (its 11 synthetic tasks: niah_single_1/2/3, "
                           "niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe)");
@@ -47,6 +48,8 @@ struct RulerOptions {
     f.add("samples", samples, "samples per task and length");
     f.add("haystack_dir", haystack_dir, "folder of the essays for the essay haystack (*.txt, read in name order)");
     f.add("words", words, "wonderwords' lists as RULER reads them (data_scripts/make_ruler_words.py writes it)");
+    f.add("data_only", data_only, "write the samples to <out>/data/ and stop (for another tool: the model's "
+                                  "tokenizer and chat template fit them; nothing is decoded)");
     common.fields(f);
   }
   void check() const {
@@ -106,9 +109,18 @@ void run_ruler(const RulerOptions& o, const json& effective) {
         records.push_back(std::move(r));
       }
       write_text_atomic(run.file("data/" + dataset + ".jsonl"), lines);
+      if (o.data_only) {
+        fmt::print(stderr, "[ruler] {}: {} samples\n", dataset, samples.size());
+        continue;
+      }
       run_task_dataset(c, *tm, run, ctx, TaskSpec{dataset, ruler_score}, records, branches, rows,
                        li + 1 == o.lengths.size() && ti + 1 == tasks.size());
     }
+  if (o.data_only) {
+    run.write_result(ctx, rows, {{"complete", true}, {"data_only", true}});
+    fmt::print(stderr, "[ruler] wrote the samples to {}\n", run.file("data/"));
+    return;
+  }
   const json table = ruler_score_table(rows);
   run.write_result(ctx, rows, {{"complete", true}, {"ruler", table}});
   std::cout << task_table_header(c) << "RULER (string_match_all x 100)\n"
