@@ -254,6 +254,10 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
   std::ifstream f2(dir + "/run/result.json");
   CHECK(nlohmann::json::parse(f2)["ruler"] == res["ruler"]);
+  // --data-only: the very same samples, nothing decoded.
+  REQUIRE(test::run_command(base + " --data-only --out " + dir + "/data_only", &out) == 0);
+  CHECK(lines(dir + "/data_only/data/fwe_512.jsonl") == data);
+  CHECK(!fs::exists(dir + "/data_only/pred"));
   // ruler eval: another tool's predictions (bench/ruler_kvpress.py's layout) scored beside kvlab's; a
   // kvpress_<x> folder is compared with kvlab's <x>. Here a copy of snapkv's outputs: all the same.
   fs::create_directories(dir + "/other/pred/kvpress_snapkv_ratio0.5");
