@@ -43,18 +43,14 @@ namespace {
 class AdaKV final : public Compressor {
  public:
   explicit AdaKV(const nlohmann::json& given) {
-    nlohmann::json own = nlohmann::json::object(), inner = nlohmann::json::object();
-    for (auto it = given.begin(); it != given.end(); ++it)
-      (it.key() == "scorer" || it.key() == "alpha_safeguard" ? own : inner)[it.key()] = it.value();
+    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "alpha_safeguard"});
     Params p(own, "adakv");
     scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
     alpha_ = p.get_double("alpha_safeguard", 0.2);
     KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "adakv: parameter 'alpha_safeguard' must be in [0, 1], got {}", alpha_);
     p.finish();
     scorer_ = make_compressor(scorer_name_, inner);
-    params_ = p.effective();
-    const nlohmann::json inner_effective = scorer_->params();  // a named copy: items() of a temporary dangles
-    for (auto it = inner_effective.begin(); it != inner_effective.end(); ++it) params_[it.key()] = it.value();
+    params_ = detail::wrapper_params(p.effective(), *scorer_);
   }
   std::string name() const override { return "adakv"; }
   nlohmann::json params() const override { return params_; }

@@ -66,10 +66,7 @@ at::Tensor projected_value_norms(const at::Tensor& values, const at::Tensor& out
 class CriticalKV final : public Compressor {
  public:
   explicit CriticalKV(const nlohmann::json& given) {
-    nlohmann::json own = nlohmann::json::object(), inner = nlohmann::json::object();
-    for (auto it = given.begin(); it != given.end(); ++it)
-      (it.key() == "scorer" || it.key() == "epsilon" || it.key() == "first_stage_ratio" ? own : inner)[it.key()] =
-          it.value();
+    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "epsilon", "first_stage_ratio"});
     Params p(own, "criticalkv");
     scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
     epsilon_ = p.get_double("epsilon", 1e-4);
@@ -79,9 +76,7 @@ class CriticalKV final : public Compressor {
                 "criticalkv: parameter 'first_stage_ratio' must be in [0, 1], got {}", first_stage_);
     p.finish();
     scorer_ = make_compressor(scorer_name_, inner);
-    params_ = p.effective();
-    const nlohmann::json inner_effective = scorer_->params();  // a named copy: items() of a temporary dangles
-    for (auto it = inner_effective.begin(); it != inner_effective.end(); ++it) params_[it.key()] = it.value();
+    params_ = detail::wrapper_params(p.effective(), *scorer_);
   }
   std::string name() const override { return "criticalkv"; }
   nlohmann::json params() const override { return params_; }
@@ -109,9 +104,7 @@ class CriticalKV final : public Compressor {
   }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t b = resolve_budget(opt, kv.n_tokens());
-    if (b >= kv.n_tokens()) return keep_all(kv);
-    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
+    return detail::compress_top_scores(*this, kv, opt);  // [Hkv, b]
   }
 
  private:

@@ -38,9 +38,7 @@ class Knorm final : public Compressor {
   at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& /*opt*/) const override { return knorm_scores(kv.keys); }  // [Hkv, n]
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    const int64_t b = resolve_budget(opt, kv.n_tokens());
-    if (b >= kv.n_tokens()) return keep_all(kv);
-    return detail::keep_top_scores(kv, keep_scores(kv, opt), b);  // [Hkv, b]
+    return detail::compress_top_scores(*this, kv, opt);  // [Hkv, b]
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvlab/compress/compressor.h"
@@ -153,11 +154,30 @@ inline const std::vector<std::string>& top_score_methods() {
   return names;
 }
 
-// Per KV head, the `b` highest of `scores` ([Hkv, n] float64 on CPU, as Compressor::keep_scores
-// returns them; ties to the lower index), kept exact: the selection of every top-k scorer (knorm,
-// keydiff, lagkv, expected_attention). b < n (the caller keeps all otherwise).
-inline CompressedKV keep_top_scores(const LayerKV& kv, const at::Tensor& scores, int64_t b) {
-  const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
+// A wrapper's (adakv, criticalkv) given parameters: {its own (the keys in `own_keys`), its scorer's (the rest)}.
+inline std::pair<nlohmann::json, nlohmann::json> split_wrapper_params(const nlohmann::json& given,
+                                                                      const std::vector<std::string>& own_keys) {
+  nlohmann::json own = nlohmann::json::object(), inner = nlohmann::json::object();
+  for (auto it = given.begin(); it != given.end(); ++it)
+    (std::count(own_keys.begin(), own_keys.end(), it.key()) ? own : inner)[it.key()] = it.value();
+  return {own, inner};
+}
+
+// A wrapper's effective parameters: its own, then its scorer's.
+inline nlohmann::json wrapper_params(nlohmann::json own, const Compressor& scorer) {
+  const nlohmann::json inner = scorer.params();  // a named copy: items() of a temporary dangles
+  for (auto it = inner.begin(); it != inner.end(); ++it) own[it.key()] = it.value();
+  return own;
+}
+
+// The whole compress() of every top-k scorer (knorm, keydiff, lagkv, expected_attention,
+// compactor, criticalkv): the budget b resolved on the region; everything kept when b covers it,
+// else per KV head the b highest of c.keep_scores ([Hkv, n] float64 on CPU; ties to the lower
+// index), kept exact.
+inline CompressedKV compress_top_scores(const Compressor& c, const LayerKV& kv, const CompressOptions& opt) {
+  const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), b = resolve_budget(opt, n);
+  if (b >= n) return keep_all(kv);
+  const at::Tensor scores = c.keep_scores(kv, opt);  // [Hkv, n]
   std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
   for (int64_t h = 0; h < h_kv; ++h) rows[h] = top_k_indices(scores.data_ptr<double>() + h * n, n, b);
   return gather_kept(kv, pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, b]
