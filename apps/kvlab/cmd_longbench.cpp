@@ -149,16 +149,10 @@ void run_longbench_eval(const LongBenchEvalOptions& o, const json& effective) {
   KVLAB_CHECK(fs::is_directory(o.dir), "longbench eval: '{}' is not a folder", o.dir);
   std::vector<std::pair<std::string, json>> scored;
   if (fs::is_directory(o.dir + "/pred")) {
-    std::vector<fs::path> branches;
-    for (const auto& entry : fs::directory_iterator(o.dir + "/pred"))
-      if (entry.is_directory()) branches.push_back(entry.path());
-    std::sort(branches.begin(), branches.end(), [](const fs::path& a, const fs::path& b) {
-      // exact first (the fidelity reference), then by name
-      const bool ea = a.filename() == "exact", eb = b.filename() == "exact";
-      return ea != eb ? ea : a < b;
-    });
+    const std::vector<std::string> branches = task_branch_folders(o.dir + "/pred");
     KVLAB_CHECK(!branches.empty(), "longbench eval: '{}/pred' holds no branch folders", o.dir);
-    for (const auto& b : branches) scored.push_back({b.filename().string(), longbench_eval_folder(b.string(), o.e)});
+    for (const auto& b : branches)
+      scored.push_back({fs::path(b).filename().string(), longbench_eval_folder(b, o.e)});
   } else {
     scored.push_back({fs::path(o.dir).lexically_normal().filename().string(), longbench_eval_folder(o.dir, o.e)});
     if (scored.back().first.empty()) scored.back().first = fs::absolute(o.dir).parent_path().filename().string();

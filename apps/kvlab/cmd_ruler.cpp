@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 
@@ -144,6 +145,21 @@ struct RulerEvalOptions {
   }
 };
 
+// Calls fn(value, line number) for each non-empty line of a JSON-lines file; a line that is not JSON
+// is an error naming the file and the line.
+void for_each_json_line(const std::string& path, const std::function<void(const json&, int64_t)>& fn) {
+  std::ifstream in(path);
+  KVLAB_CHECK(in.good(), "{}: cannot be read", path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++n;
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, false);
+    KVLAB_CHECK(!j.is_discarded(), "{}: line {} is not JSON", path, n);
+    fn(j, n);
+  }
+}
+
 // One line per (branch, dataset): RULER's score of every prediction file, and for a branch named
 // kvpress_<x> the fraction of its outputs equal to kvlab's branch <x> (same sample).
 void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
@@ -154,31 +170,18 @@ void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
   std::map<std::string, std::map<std::string, json>> gold;  // dataset -> id -> sample
   for (const auto& e : fs::directory_iterator(data_dir)) {
     if (e.path().extension() != ".jsonl") continue;
-    std::ifstream in(e.path());
-    int64_t n = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++n;
-      if (line.empty()) continue;
-      json j = json::parse(line, nullptr, false);
-      KVLAB_CHECK(!j.is_discarded() && j.contains("index") && j.contains("outputs"), "{}: line {} is not a RULER sample",
-                  e.path().string(), n);
+    for_each_json_line(e.path().string(), [&](const json& j, int64_t n) {
+      KVLAB_CHECK(j.contains("index") && j.contains("outputs"), "{}: line {} is not a RULER sample", e.path().string(), n);
       gold[e.path().stem().string()][std::to_string(j["index"].get<int64_t>())] = j;
-    }
+    });
   }
   // branch -> dataset -> id -> output
   std::map<std::string, std::map<std::string, std::map<std::string, std::string>>> outputs;
   std::vector<std::string> order;
   for (const auto& dir : o.dirs) {
     KVLAB_CHECK(fs::is_directory(dir + "/pred"), "ruler eval: {}/pred is not a folder", dir);
-    std::vector<fs::path> branches;
-    for (const auto& e : fs::directory_iterator(dir + "/pred"))
-      if (e.is_directory()) branches.push_back(e.path());
-    std::sort(branches.begin(), branches.end(), [](const fs::path& a, const fs::path& b) {
-      const bool ea = a.filename() == "exact", eb = b.filename() == "exact";
-      return ea != eb ? ea : a < b;
-    });
-    for (const auto& b : branches) {
-      const std::string name = b.filename().string();
+    for (const auto& b : task_branch_folders(dir + "/pred")) {
+      const std::string name = fs::path(b).filename().string();
       KVLAB_CHECK(!outputs.count(name), "ruler eval: branch {} is in two of the folders", name);
       order.push_back(name);
       for (const auto& e : fs::directory_iterator(b)) {
@@ -186,33 +189,27 @@ void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
         const std::string dataset = e.path().stem().string();
         KVLAB_CHECK(gold.count(dataset), "ruler eval: {} has no samples in {} ({}.jsonl)", e.path().string(), data_dir,
                     dataset);
-        std::ifstream in(e.path());
-        int64_t n = 0;
-        for (std::string line; std::getline(in, line);) {
-          ++n;
-          if (line.empty()) continue;
-          json j = json::parse(line, nullptr, false);
-          KVLAB_CHECK(!j.is_discarded() && j.contains("id") && j.contains("output"), "{}: line {} has no \"id\" and "
-                      "\"output\"", e.path().string(), n);
+        for_each_json_line(e.path().string(), [&](const json& j, int64_t n) {
+          KVLAB_CHECK(j.contains("id") && j.contains("output"), "{}: line {} has no \"id\" and \"output\"",
+                      e.path().string(), n);
           const std::string id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
           KVLAB_CHECK(gold[dataset].count(id), "{}: line {}: sample {} is not in {}/{}.jsonl", e.path().string(), n, id,
                       data_dir, dataset);
           outputs[name][dataset][id] = j["output"].get<std::string>();
-        }
+        });
       }
     }
   }
   json rows = json::array();
   for (const auto& b : order)
     for (const auto& [dataset, outs] : outputs[b]) {
+      const std::string task = dataset.substr(0, dataset.rfind('_'));
+      const bool part = std::any_of(ruler_tasks().begin(), ruler_tasks().end(),
+                                    [&](const RulerTask& t) { return t.name == task && !t.match_all; });
       double sum = 0;
-      for (const auto& [id, out] : outs) {
-        const json& g = gold[dataset][id];
-        const std::string task = dataset.substr(0, dataset.rfind('_'));
-        const bool part = std::any_of(ruler_tasks().begin(), ruler_tasks().end(),
-                                      [&](const RulerTask& t) { return t.name == task && !t.match_all; });
-        sum += ruler_score(out, {{"outputs", g["outputs"]}, {"match", part ? "part" : "all"}})["score"].get<double>();
-      }
+      for (const auto& [id, out] : outs)
+        sum += ruler_score(out, {{"outputs", gold[dataset][id]["outputs"]}, {"match", part ? "part" : "all"}})["score"]
+                   .get<double>();
       json row = {{"branch", b}, {"dataset", dataset}, {"n", outs.size()}, {"score", 100.0 * sum / double(outs.size())}};
       // kvpress_<x>: how often its output is kvlab's <x>'s, over the samples both have.
       if (b.rfind("kvpress_", 0) == 0 && outputs.count(b.substr(8)) && outputs[b.substr(8)].count(dataset)) {

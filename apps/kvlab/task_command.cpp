@@ -1,5 +1,8 @@
 #include "task_command.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include "kvlab/compress/method_spec.h"
@@ -121,6 +124,18 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   progress.finish();
   run.write_result(ctx, rows, {{"complete", last}});
   return got;
+}
+
+std::vector<std::string> task_branch_folders(const std::string& pred_dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> branches;
+  for (const auto& entry : fs::directory_iterator(pred_dir))
+    if (entry.is_directory()) branches.push_back(entry.path());
+  std::sort(branches.begin(), branches.end(), [](const fs::path& a, const fs::path& b) {
+    const bool ea = a.filename() == "exact", eb = b.filename() == "exact";
+    return ea != eb ? ea : a < b;
+  });
+  return std::vector<std::string>(branches.begin(), branches.end());
 }
 
 }  // namespace kvlab::cli

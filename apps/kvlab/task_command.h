@@ -78,4 +78,8 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
                                 const std::vector<TaskRecord>& records,
                                 const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last);
 
+// The branch folders of a task run's pred/ (`pred_dir`): exact first (the fidelity reference), then
+// by name. For the eval subcommands (longbench eval, ruler eval).
+std::vector<std::string> task_branch_folders(const std::string& pred_dir);
+
 }  // namespace kvlab::cli

@@ -100,4 +100,16 @@ int64_t parse_queries_spec(const std::string& spec, int64_t n, const std::string
   return std::min<int64_t>(n, std::stoll(spec.substr(5)));
 }
 
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  if (from.empty()) return std::string(s);
+  size_t i = 0;
+  for (size_t p; (p = s.find(from, i)) != std::string_view::npos; i = p + from.size()) {
+    out.append(s.substr(i, p - i));
+    out.append(to);
+  }
+  out.append(s.substr(i));
+  return out;
+}
+
 }  // namespace kvlab

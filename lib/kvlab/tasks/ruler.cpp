@@ -46,18 +46,8 @@ const char* kNoise = "The grass is green. The sky is blue. The sun is yellow. He
 const int kDepths[40] = {0,  3,  5,  8,  10, 13, 15, 18, 21, 23, 26, 28, 31, 33, 36, 38, 41, 44, 46, 49,
                          51, 54, 56, 59, 62, 64, 67, 69, 72, 74, 77, 79, 82, 85, 87, 90, 92, 95, 97, 100};
 
-// Every occurrence of `from` replaced (Python's str.replace).
-std::string replace_all(std::string s, const std::string& from, const std::string& to) {
-  if (from.empty()) return s;
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
-    s.replace(at, from.size(), to);
-  return s;
-}
-
 std::string join(const std::vector<std::string>& parts, const std::string& sep) {
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
-  return out;
+  return fmt::format("{}", fmt::join(parts, sep));
 }
 
 // The generators' randomness: uniform draws by rejection from a 64-bit Mersenne Twister (the same

@@ -2,6 +2,7 @@
 // (no PCRE dependency; each alternative of the pattern is one commented block below), the
 // Digits and Metaspace splitters, and GPT-2's byte->unicode map.
 #include "kvlab/core/check.h"
+#include "kvlab/core/text.h"
 #include "kvlab/tokenizer/tokenizer_impl.h"
 
 #include <algorithm>
@@ -301,18 +302,6 @@ void split_digits(std::string_view s, bool individual, std::vector<std::string>&
     }
   }
   if (start < s.size()) out.emplace_back(s.substr(start));
-}
-
-std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
-  std::string out;
-  if (from.empty()) return std::string(s);
-  size_t i = 0;
-  for (size_t p; (p = s.find(from, i)) != std::string_view::npos; i = p + from.size()) {
-    out.append(s.substr(i, p - i));
-    out.append(to);
-  }
-  out.append(s.substr(i));
-  return out;
 }
 
 void metaspace(const PreTokenizerStep& st, std::string_view s, bool first,
