@@ -11,7 +11,11 @@ attention_bias, an explicit head_dim != hidden/heads and llama3 rope scaling, ll
 rope scaling, mistral; and sliding-window attention (issue 24) with prompts longer than the window:
 mistral with sliding_window 8 on 40 tokens, qwen2 with use_sliding_window (window 8, layer 1
 slides, layer 0 does not: max_window_layers 1); qwen3 (q/k norms, explicit head_dim); phi3 (fused
-qkv_proj and gate_up_proj), without and with a sliding window of 8 on 40 tokens. The cases
+qkv_proj and gate_up_proj), without and with a sliding window of 8 on 40 tokens; gemma3 (three
+layers: two sliding through a window of 8 with their own RoPE base, then a global one with linear
+rope scaling; query_pre_attn_scalar != head_dim, sandwich norms, gelu-tanh, scaled embeddings)
+on 40 tokens, whose q is saved as transformers computes it, before kvlab folds
+sqrt(head_dim / query_pre_attn_scalar) into it (`query_scale` in expected.json). The cases
 with their own seed also write `greedy_ids`: 8 greedy tokens after the prompt, each chosen by a
 full forward over everything so far (no cache).
 
@@ -53,6 +57,12 @@ CASES = {
                           pad_token_id=0), 37, 11),
     "phi3_sw8": ("phi3", dict(rope_theta=10000.0, tie_word_embeddings=False, sliding_window=8,
                               pad_token_id=0), 40, 12),
+    "gemma3_sw8": ("gemma3_text", dict(
+        num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+        tie_word_embeddings=True, pad_token_id=0), 40, 13),
 }
 GREEDY = 8
 GGUF_CASES = {"qwen3", "phi3"}  # also written as model.gguf (F32, llama.cpp names) by gguf-py
@@ -118,7 +128,7 @@ def main():
                              "case before it too")
         d = os.path.join(OUT, name)
         os.makedirs(d, exist_ok=True)
-        cfg = AutoConfig.for_model(model_type, **BASE, **extra)
+        cfg = AutoConfig.for_model(model_type, **{**BASE, **extra})
         cfg._attn_implementation = "eager"
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
         with torch.no_grad():  # larger weights than the init so errors show
@@ -152,7 +162,7 @@ def main():
                 q = attn.q_proj(h).view(1, t, -1, hd).transpose(1, 2)
                 k = attn.k_proj(h).view(1, t, -1, hd).transpose(1, 2)
                 v = attn.v_proj(h).view(1, t, -1, hd).transpose(1, 2)
-            if hasattr(attn, "q_norm"):  # qwen3: RMSNorm over head_dim before RoPE
+            if hasattr(attn, "q_norm"):  # qwen3, gemma3: RMSNorm over head_dim before RoPE
                 q, k = attn.q_norm(q), attn.k_norm(k)
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
             cos, sin = got["pe"]
@@ -161,6 +171,8 @@ def main():
                    "layer_01_k": k[0].contiguous(), "layer_01_v": v[0].contiguous()},
                   os.path.join(d, "expected.safetensors"))
         expected = {"token_ids": ids[0].tolist(), "model_type": model_type}
+        if getattr(cfg, "query_pre_attn_scalar", None):
+            expected["query_scale"] = (hd / cfg.query_pre_attn_scalar) ** 0.5
         if own:  # greedy continuation by full recompute: the definition, no cache involved
             seq = ids.clone()
             with torch.no_grad():

@@ -11,3 +11,7 @@ kvlab_test(test_model
 add_test(NAME test_model_smollm2 COMMAND test_model --test-case=*SmolLM2* --no-skip
          WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
 set_tests_properties(test_model_smollm2 PROPERTIES LABELS "model")
+# Gemma-3-270M vs transformers golden (needs models/gemma3-270m/*.gguf; skips with a message otherwise).
+add_test(NAME test_model_gemma3 COMMAND test_model --test-case=*Gemma-3-270M* --no-skip
+         WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+set_tests_properties(test_model_gemma3 PROPERTIES LABELS "model")

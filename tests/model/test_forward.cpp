@@ -17,6 +17,7 @@
 #include "kvlab/core/config.h"
 #include "kvlab/io/safetensors.h"
 #include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
 #include "test_util.h"
 
 #include <ATen/Parallel.h>
@@ -56,10 +57,10 @@ struct RecordTap : QkvTap {
   }
 };
 
-std::string smollm2_gguf() {
+// The .gguf a data_scripts/get_*.sh script put under ${KVLAB_MODELS:-<repo>/models}/<name>, or "".
+std::string model_gguf(const std::string& name) {
   const char* models = std::getenv("KVLAB_MODELS");
-  fs::path dir = fs::path(models && *models ? models : std::string(KVLAB_SOURCE_DIR) + "/models") /
-                 "smollm2-135m";
+  fs::path dir = fs::path(models && *models ? models : std::string(KVLAB_SOURCE_DIR) + "/models") / name;
   if (!fs::is_directory(dir)) return "";
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".gguf") return e.path().string();
@@ -274,15 +275,45 @@ TEST_CASE("model_config: architectures, defaults and errors") {
   bad["num_key_value_heads"] = 3;
   CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
                        doctest::Contains("multiple of n_kv_heads=3"), Error);
-  nlohmann::json md = {{"general.architecture", "gemma3"}};
+  nlohmann::json md = {{"general.architecture", "gemma2"}};
   CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf"),
-                       doctest::Contains("'gemma3' is not supported"), Error);
+                       doctest::Contains("'gemma2' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3"), Error);
+  // gemma3 in the pre-5.0 config layout (transformers 4.5x, the Hub's Gemma-3-1B/270M config.json):
+  // rope_theta + rope_local_base_freq + rope_scaling, sliding_window_pattern, no layer_types.
+  nlohmann::json g3 = base;
+  g3["model_type"] = "gemma3_text";
+  g3["num_hidden_layers"] = 12;
+  g3["head_dim"] = 32;
+  g3["sliding_window"] = 512;
+  g3["sliding_window_pattern"] = 6;
+  g3["rope_theta"] = 1000000.0;
+  g3["rope_local_base_freq"] = 10000.0;
+  g3["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  g3["query_pre_attn_scalar"] = 128;
+  c = model_config_from_hf(g3, "cfg.json");
+  CHECK(c.architecture == "gemma3");
+  CHECK(c.tie_word_embeddings);  // Gemma3TextConfig's default
+  CHECK(c.qk_norm);
+  CHECK(c.sandwich_norms);
+  CHECK(c.hidden_act == "gelu_tanh");
+  CHECK(c.rope_local_theta == 10000.0);
+  CHECK(c.rope_scaling.kind == "linear");
+  CHECK(c.query_scale() == doctest::Approx(0.5));  // sqrt(32 / 128)
+  for (int64_t l = 0; l < 12; ++l) CHECK(c.layer_window(l) == (l == 5 || l == 11 ? 0 : 512));
+  CHECK(c.interleaved_windows());
+  bad = g3;
+  bad["final_logit_softcapping"] = 30.0;
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                       doctest::Contains("final_logit_softcapping = 30.0 is not supported"), Error);
+  bad = g3;
+  bad["text_config"] = nlohmann::json::object();
+  CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"), doctest::Contains("text model only"), Error);
   bad = base;
   bad["partial_rotary_factor"] = 0.75;
   CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
                        doctest::Contains("partial_rotary_factor 0.75 is not supported"), Error);
   CHECK_THROWS_WITH_AS(resolve_model("no-such-model"),
-                       doctest::Contains("not a known name (smollm2-135m, stories260k)"), Error);
+                       doctest::Contains("not a known name (smollm2-135m, gemma3-270m, stories260k)"), Error);
   CHECK_THROWS_WITH_AS(parse_compute_dtype("int8"), doctest::Contains("--dtype 'int8'"), Error);
 }
 
@@ -330,7 +361,7 @@ TEST_CASE("model_config: non-positive, non-integer and huge sizes are errors nam
 // --no-skip. Needs the GGUF from data_scripts/get_smollm2.sh.
 TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip() *
           doctest::timeout(600)) {
-  const std::string gguf = smollm2_gguf();
+  const std::string gguf = model_gguf("smollm2-135m");
   if (gguf.empty()) {
     MESSAGE("skipped: no SmolLM2 GGUF under models/smollm2-135m (run data_scripts/get_smollm2.sh)");
     return;
@@ -456,12 +487,15 @@ TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, 
   }
 }
 
-TEST_CASE("sliding-window models match transformers past the window (mistral, qwen2, phi3)") {
+TEST_CASE("sliding-window models match transformers past the window (mistral, qwen2, phi3, gemma3)") {
   // issue 24: kvlab ignored sliding_window (logits off by 0.81 on mistral_sw8). Prompts of 40
-  // tokens, window 8; qwen2_sw8 slides on layer 1 only (max_window_layers 1). Greedy ids: 8 tokens
-  // decoded one at a time through the exact cache, against transformers' full recompute.
+  // tokens, window 8; qwen2_sw8 slides on layer 1 only (max_window_layers 1). gemma3_sw8: layers 0
+  // and 1 slide with their own RoPE base, layer 2 is global with linear scaling; sandwich norms,
+  // gelu-tanh, scaled embeddings, q/k norms, query_pre_attn_scalar 24 != head_dim 16 (kvlab's q
+  // carries sqrt(16 / 24), expected.json's query_scale). Greedy ids: 8 tokens decoded one at a time
+  // through the exact cache, against transformers' full recompute.
   const std::string root = test::fixtures_dir() + "/tiny_models";
-  for (const std::string name : {"mistral_sw8", "qwen2_sw8", "phi3_sw8"}) {
+  for (const std::string name : {"mistral_sw8", "qwen2_sw8", "phi3_sw8", "gemma3_sw8"}) {
     CAPTURE(name);
     const std::string dir = root + "/" + name;
     REQUIRE(fs::exists(dir + "/model.safetensors"));
@@ -471,6 +505,12 @@ TEST_CASE("sliding-window models match transformers past the window (mistral, qw
     CHECK(m.config.sliding_window == meta["sliding_window"].get<int64_t>());
     CHECK(m.config.layer_window(1) == 8);
     CHECK(m.config.layer_window(0) == (name == "qwen2_sw8" ? 0 : 8));
+    if (name == "gemma3_sw8") {
+      CHECK(m.config.architecture == "gemma3");
+      CHECK(m.config.layer_window(2) == 0);
+      CHECK(m.config.interleaved_windows());
+      CHECK(m.inv_freq_local.defined());
+    }
     SafetensorsFile exp(dir + "/expected.safetensors");
     auto gt = [&](const std::string& n) {
       const TensorView* v = exp.find(n);
@@ -490,7 +530,9 @@ TEST_CASE("sliding-window models match transformers past the window (mistral, qw
     MESSAGE(name << ": max abs logit diff " << d);
     CHECK(d < 1e-4);
     const char* qkv[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; ++i) CHECK(rel_l2(tap.got[1][i], gt(std::string("layer_01_") + qkv[i])) < 1e-5);
+    const double q_scale = meta.value("query_scale", 1.0);
+    for (int i = 0; i < 3; ++i)
+      CHECK(rel_l2(tap.got[1][i], gt(std::string("layer_01_") + qkv[i]) * (i == 0 ? q_scale : 1.0)) < 1e-5);
     GenerateOptions go;
     go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
     go.stop_at_eos = false;
@@ -524,4 +566,79 @@ TEST_CASE("bf16 decode with the cache agrees with bf16 prefill (stories260K)") {
   half.dtype = at::kHalf;
   CHECK_THROWS_WITH_AS(load_model(stories_dir(), half), doctest::Contains("--dtype fp16 needs --device cuda"),
                        Error);
+}
+
+TEST_CASE("Gemma-3-270M GGUF matches transformers (golden file)" * doctest::skip() * doctest::timeout(600)) {
+  // issue 24: tests/fixtures/gemma3_golden from data_scripts/make_gemma3_golden.py (transformers
+  // reads the same Q4_K_M GGUF and dequantizes it to float32). A 640-token prompt, past the
+  // 512-token sliding window of layers 0-4, 6-10, 12-16; layers 5, 11 and 17 attend globally.
+  const std::string gguf = model_gguf("gemma3-270m");
+  if (gguf.empty()) {
+    MESSAGE("skipped: no Gemma-3-270M GGUF under models/gemma3-270m (run data_scripts/get_gemma3_270m.sh)");
+    return;
+  }
+  const std::string dir = test::fixtures_dir() + "/gemma3_golden";
+  nlohmann::json meta = read_json_file(dir + "/golden.json");
+  SafetensorsFile golden(dir + "/golden.safetensors");
+  auto gt = [&](const std::string& name) {
+    const TensorView* v = golden.find(name);
+    REQUIRE_MESSAGE(v != nullptr, "golden.safetensors lacks " << name);
+    return tensor_from_view(*v, at::kFloat);
+  };
+  c10::InferenceMode guard;
+  Model m = load_model(gguf);
+  REQUIRE(m.config.architecture == "gemma3");
+  CHECK(m.config.sliding_window == meta["sliding_window"].get<int64_t>());
+  const auto kinds = meta["layer_types"].get<std::vector<std::string>>();
+  REQUIRE(static_cast<int64_t>(kinds.size()) == m.config.n_layers);
+  for (int64_t l = 0; l < m.config.n_layers; ++l)
+    CHECK((m.config.layer_window(l) > 0) == (kinds[l] == "sliding_attention"));
+  CHECK(m.config.query_scale() == 1.0);  // query_pre_attn_scalar = head_dim = 256
+
+  // The tokenizer (the GGUF's vocabulary, no dummy prefix) against transformers' on the same text.
+  Tokenizer tok = load_model_tokenizer(m.source);
+  const auto text_ids = meta["text_ids"].get<std::vector<int64_t>>();
+  CHECK(tok.encode(meta["text"].get<std::string>(), /*add_bos=*/true) == text_ids);
+
+  const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+  const int64_t T = static_cast<int64_t>(ids.size());
+  REQUIRE(T > m.config.sliding_window);
+  RecordTap tap;
+  tap.layers = meta["layers"].get<std::vector<int>>();
+  ExactAttention attn(m.config.n_layers);
+  ForwardOptions fo;
+  fo.all_logits = true;
+  fo.tap = &tap;
+  at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
+  const auto argmax = meta["argmax"].get<std::vector<int64_t>>();
+  at::Tensor ours = logits.argmax(-1);  // [T]
+  int64_t n_diff = 0;
+  for (int64_t t = 0; t < T; ++t) n_diff += ours[t].item<int64_t>() != argmax[t];
+  CHECK_MESSAGE(n_diff == 0, n_diff << " of " << T << " positions have a different argmax");
+  const int64_t topk = meta["topk"].get<int64_t>();
+  std::vector<int64_t> flat;
+  for (const auto& row : meta["topk_ids"]) for (int64_t id : row) flat.push_back(id);
+  at::Tensor idx = at::tensor(flat, at::kLong).view({T, topk});  // [T, topk]
+  const double d_topk = max_abs(logits.gather(1, idx), gt("topk_logits"));
+  const double d_last = max_abs(logits.select(0, T - 1), gt("logits_last"));
+  MESSAGE("Gemma-3-270M logits: max abs diff top-" << topk << " (all positions) = " << d_topk
+          << ", full vocab (last position) = " << d_last);
+  CHECK(d_topk <= 1e-3);
+  CHECK(d_last <= 1e-3);
+  at::Tensor pos = at::tensor(meta["positions"].get<std::vector<int64_t>>(), at::kLong);
+  for (int layer : tap.layers) {
+    REQUIRE(tap.got.count(layer));
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      const std::string key = fmt::format("layer_{:02d}_{}", layer, names[i]);
+      const double err = rel_l2(tap.got[layer][i].index_select(1, pos), gt(key));
+      MESSAGE(key << ": relative L2 error = " << err);
+      CHECK(err <= 1e-4);
+    }
+  }
+  // Greedy ids decoded through the exact cache, past the window.
+  GenerateOptions go;
+  go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
+  go.stop_at_eos = false;
+  CHECK(generate_greedy(m, ids, attn, go) == meta["greedy_ids"].get<std::vector<int64_t>>());
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 namespace kvlab {
 
@@ -15,13 +16,19 @@ namespace {
 bool is_reduced(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 
 // HF LlamaRMSNorm: normalise in float32 (or wider), then cast back and scale by the weight.
+// A float32 weight on a reduced-precision x (gemma3's float_norm_scale) scales before the cast, as
+// Gemma3RMSNorm does.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   // x [..., width], w [width]
   at::Tensor xf = is_reduced(x.scalar_type()) ? x.to(at::kFloat) : x;
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);  // [T, 1]
   at::Tensor y = xf * at::rsqrt(var + eps);
+  if (w.scalar_type() != x.scalar_type()) return (y * w).to(x.scalar_type());
   return w * y.to(x.scalar_type());
 }
+
+// The MLP's gate activation: silu, or gelu with the tanh approximation (gemma3).
+at::Tensor activate(const at::Tensor& g, bool gelu) { return gelu ? at::gelu(g, "tanh") : at::silu(g); }
 
 // x [T, in], w [out, in], b [out] or undefined -> [T, out]. One row (a decode step) goes through
 // a matrix-vector product: as a GEMM with M = 1, OpenBLAS packs the whole weight matrix on every
@@ -55,7 +62,14 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
                 cfg.vocab_size, lo, hi);
   }
   auto [cos, sin] = rope_cos_sin(model.inv_freq, pos0, T, model.dtype);  // [T, d] each
+  at::Tensor cos_local, sin_local;                                       // [T, d] gemma3's sliding layers
+  if (model.inv_freq_local.defined())
+    std::tie(cos_local, sin_local) = rope_cos_sin(model.inv_freq_local, pos0, T, model.dtype);
   at::Tensor x = at::embedding(model.weights.tok_embd, ids);             // [T, hidden]
+  if (cfg.embed_scaled)  // sqrt(hidden) rounded to float32, then to the model's dtype (as transformers)
+    x = x * at::scalar_tensor(std::sqrt(double(cfg.hidden_size)), at::kFloat).to(x.scalar_type());
+  const double q_scale = cfg.query_scale();
+  const bool gelu = cfg.hidden_act == "gelu_tanh";
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = model.weights.layers[l];
@@ -75,24 +89,30 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
       q = rms_norm(q, w.q_norm, cfg.rms_norm_eps);  // [Hq, T, d]
       k = rms_norm(k, w.k_norm, cfg.rms_norm_eps);  // [Hkv, T, d]
     }
-    q = apply_rope(q, cos, sin);  // [Hq, T, d] contiguous
-    k = apply_rope(k, cos, sin);  // [Hkv, T, d] contiguous
+    const bool local = cos_local.defined() && cfg.layer_window(l) > 0;
+    q = apply_rope(q, local ? cos_local : cos, local ? sin_local : sin);  // [Hq, T, d] contiguous
+    k = apply_rope(k, local ? cos_local : cos, local ? sin_local : sin);  // [Hkv, T, d] contiguous
+    if (q_scale != 1.0) q.mul_(q_scale);  // gemma3's query_pre_attn_scalar, folded into q
     v = v.contiguous();
     const int layer = static_cast<int>(l);
     if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, q, k, v);
     at::Tensor a = attn.attend(layer, q, k, v, pos0, cfg.layer_window(l));  // [Hq, T, d]
     a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
-    x = x + project(a, w.wo, w.bo);                                 // [T, hidden]
+    at::Tensor o = project(a, w.wo, w.bo);                          // [T, hidden]
+    if (w.attn_post_norm.defined()) o = rms_norm(o, w.attn_post_norm, cfg.rms_norm_eps);
+    x = x + o;                                                      // [T, hidden]
     at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]
     at::Tensor g;                                                  // [T, inter]
     if (opt.fused && w.w_gate_up.defined()) {
       at::Tensor gu = project(h2, w.w_gate_up);                 // [T, 2*inter]
       const int64_t inter = w.w_gate.size(0);
-      g = at::silu(gu.narrow(1, 0, inter)).mul_(gu.narrow(1, inter, inter));
+      g = activate(gu.narrow(1, 0, inter), gelu).mul_(gu.narrow(1, inter, inter));
     } else {
-      g = at::silu(project(h2, w.w_gate)) * project(h2, w.w_up);
+      g = activate(project(h2, w.w_gate), gelu) * project(h2, w.w_up);
     }
-    x = x + project(g, w.w_down);                               // [T, hidden]
+    at::Tensor m = project(g, w.w_down);                        // [T, hidden]
+    if (w.ffn_post_norm.defined()) m = rms_norm(m, w.ffn_post_norm, cfg.rms_norm_eps);
+    x = x + m;                                                  // [T, hidden]
   }
   if (!opt.logits) return at::Tensor();
   if (!opt.all_logits) x = x.narrow(0, T - 1, 1);                  // [1, hidden]
@@ -129,7 +149,8 @@ int64_t n_parameters(const Model& model) {
   if (!w.lm_head.is_same(w.tok_embd)) n += w.lm_head.numel();
   for (const auto& l : w.layers)
     for (const at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm})
+                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm,
+                                &l.attn_post_norm, &l.ffn_post_norm})
       if (t->defined()) n += t->numel();
   return n;
 }

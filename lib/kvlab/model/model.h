@@ -1,4 +1,4 @@
-// The Llama-family forward pass (llama, mistral, qwen2, qwen3, SmolLM2) in ATen, batch size 1.
+// The Llama-family forward pass (llama, mistral, qwen2, qwen3, phi3, gemma3, SmolLM2) in ATen, batch size 1.
 //
 //   x = embed(tokens)                                   [T, hidden]
 //   per layer:  h = rms_norm(x) ; q,k,v = h W^T (+ b)   q [n_q_heads, T, head_dim], k/v [n_kv_heads, T, head_dim]
@@ -9,6 +9,12 @@
 //                   window: the layer's sliding window, 0 = none)
 //               x = x + a Wo^T ;  x = x + W_down (silu(W_gate h') * W_up h'),  h' = rms_norm(x)
 //   logits = rms_norm(x) W_lm^T                         [T, vocab]  (W_lm = W_embed if tied)
+//
+// gemma3 differs (ModelConfig's gemma fields): x = embed * sqrt(hidden); q,k RMS-normalised per head;
+// the sliding layers rotate with their own base (Model::inv_freq_local); q is scaled by
+// sqrt(head_dim / query_pre_attn_scalar) after RoPE; x = x + rms_norm(a Wo^T) and
+// x = x + rms_norm(W_down (gelu_tanh(W_gate h') * W_up h')) (sandwich norms); RMSNorm weights carry
+// their +1 and scale in float32 before the cast.
 //
 // Numerics follow transformers' LlamaForCausalLM: RMSNorm in float32, RoPE cos/sin computed in
 // float32 (inv_freq = 1 / theta^(2i/d)), softmax in float32 for half dtypes.
@@ -44,6 +50,8 @@ struct LayerWeights {
   at::Tensor ffn_norm;   // [hidden]
   at::Tensor q_norm;     // [head_dim] qwen3's per-head q RMSNorm, or undefined
   at::Tensor k_norm;     // [head_dim] qwen3's per-head k RMSNorm, or undefined
+  at::Tensor attn_post_norm;  // [hidden] gemma3: norm of the attention output, or undefined
+  at::Tensor ffn_post_norm;   // [hidden] gemma3: norm of the MLP output, or undefined
   // Fused projections, one GEMM each (set by the loader): wq, wk, wv are row views into wqkv and
   // w_gate, w_up into w_gate_up, so the fused weights cost no memory.
   at::Tensor wqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim, hidden]
@@ -90,6 +98,11 @@ struct Model {
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
   at::Tensor inv_freq;           // [head_dim / 2] float32 on device, scaling applied
+  at::Tensor inv_freq_local;     // [head_dim / 2] gemma3's sliding layers (rope_local_theta), or undefined
+  // The RoPE frequencies layer l rotates with.
+  const at::Tensor& layer_inv_freq(int64_t l) const {
+    return inv_freq_local.defined() && config.layer_window(l) > 0 ? inv_freq_local : inv_freq;
+  }
 };
 
 Model load_model(const std::string& spec, const ModelLoadOptions& opt = {});

@@ -82,9 +82,55 @@ int64_t checked_size(int64_t v, const std::string& key, int64_t hi, const std::s
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"llama", "mistral", "qwen2", "qwen3", "phi3"};
+  static const std::vector<std::string> names = {"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3"};
   return names;
 }
+
+bool ModelConfig::interleaved_windows() const {
+  if (sliding_window <= 0) return false;
+  bool slides = false, global = false;
+  for (int64_t l = 0; l < n_layers; ++l) (layer_window(l) > 0 ? slides : global) = true;
+  return slides && global;
+}
+
+double ModelConfig::query_scale() const {
+  return query_pre_attn_scalar > 0 ? std::sqrt(double(head_dim) / query_pre_attn_scalar) : 1.0;
+}
+
+namespace {
+
+// gemma3 (transformers' Gemma3TextConfig; llama.cpp's LLM_ARCH_GEMMA3): what sets it apart from a
+// Llama layer. Both formats call it after the common fields.
+void set_gemma3_layers(ModelConfig& c) {
+  c.qk_norm = true;
+  c.embed_scaled = true;
+  c.sandwich_norms = true;
+  c.float_norm_scale = true;
+  c.hidden_act = "gelu_tanh";
+}
+
+// Layer l slides when (l + 1) % pattern != 0: transformers' default for configs without
+// layer_types (sliding_window_pattern, 6), and llama.cpp's fixed gemma3 pattern.
+std::vector<bool> every_nth_global(int64_t n_layers, int64_t pattern) {
+  std::vector<bool> out(static_cast<size_t>(n_layers));
+  for (int64_t l = 0; l < n_layers; ++l) out[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+  return out;
+}
+
+// A per-layer pattern as kvlab holds it: "sliding from some layer on" becomes window_from_layer
+// (every earlier model's form, so their keys do not change), anything else sliding_layers.
+void set_sliding_layers(ModelConfig& c, const std::vector<bool>& slides) {
+  int64_t first = c.n_layers;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (slides[static_cast<size_t>(l)]) { first = l; break; }
+  bool tail = true;
+  for (int64_t l = first; l < c.n_layers; ++l) tail = tail && slides[static_cast<size_t>(l)];
+  c.sliding_layers.clear();
+  if (tail) c.window_from_layer = first;
+  else c.sliding_layers = slides;
+}
+
+}  // namespace
 
 void ModelConfig::validate(const std::string& source) const {
   KVLAB_CHECK(hidden_size > 0 && n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0 && head_dim > 0 &&
@@ -123,6 +169,18 @@ nlohmann::json ModelConfig::to_json() const {
               {"eos_token_ids", eos_token_ids}};
   if (sliding_window > 0) j["window_from_layer"] = window_from_layer;
   if (qk_norm) j["qk_norm"] = true;
+  // gemma3's fields only where they are set, so that every earlier model's JSON is unchanged.
+  if (!sliding_layers.empty()) {
+    json kinds = json::array();
+    for (bool s : sliding_layers) kinds.push_back(s ? "sliding_attention" : "full_attention");
+    j["layer_types"] = kinds;
+  }
+  if (rope_local_theta > 0) j["rope_local_theta"] = rope_local_theta;
+  if (query_pre_attn_scalar > 0) j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+  if (embed_scaled) j["embed_scaled"] = true;
+  if (sandwich_norms) j["sandwich_norms"] = true;
+  if (float_norm_scale) j["float_norm_scale"] = true;
+  if (hidden_act != "silu") j["hidden_act"] = hidden_act;
   return j;
 }
 
@@ -138,16 +196,33 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     if (a == "Qwen2ForCausalLM") type = "qwen2";
     if (a == "Qwen3ForCausalLM") type = "qwen3";
     if (a == "Phi3ForCausalLM") type = "phi3";
+    if (a == "Gemma3ForCausalLM") type = "gemma3";
   }
+  if (type == "gemma3_text") type = "gemma3";
+  KVLAB_CHECK(!(type == "gemma3" && cfg.contains("text_config")),
+              "{}: a Gemma 3 vision-language checkpoint (Gemma3ForConditionalGeneration); kvlab runs the "
+              "text model only: give a gemma3_text checkpoint (e.g. Gemma-3-270M / 1B) or its GGUF", source);
   bool known = false;
   for (const auto& a : supported_architectures()) known = known || a == type;
   KVLAB_CHECK(known, "{}: model_type '{}' is not supported (supported: {})", source, type,
               fmt::join(supported_architectures(), ", "));
   c.architecture = type;
 
-  const std::string act = get_or<std::string>(cfg, "hidden_act", "silu", source);
-  KVLAB_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (expected \"silu\")", source,
-              act);
+  if (type == "gemma3") {
+    const std::string act = get_or<std::string>(cfg, "hidden_activation",
+                                                get_or<std::string>(cfg, "hidden_act", "gelu_pytorch_tanh", source), source);
+    KVLAB_CHECK(act == "gelu_pytorch_tanh", "{}: hidden_activation '{}' is not supported for gemma3 (expected "
+                "\"gelu_pytorch_tanh\")", source, act);
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping"})
+      KVLAB_CHECK(!cfg.contains(k) || cfg[k].is_null(), "{}: {} = {} is not supported (gemma3 has none)", source, k,
+                  cfg[k].dump());
+    KVLAB_CHECK(!get_or<bool>(cfg, "use_bidirectional_attention", false, source),
+                "{}: use_bidirectional_attention=true is not supported (a causal LM only)", source);
+  } else {
+    const std::string act = get_or<std::string>(cfg, "hidden_act", "silu", source);
+    KVLAB_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (expected \"silu\")", source,
+                act);
+  }
   auto size = [&](const char* key, int64_t hi) {
     return checked_size(get_required<int64_t>(cfg, key, source), key, hi, source);
   };
@@ -178,13 +253,37 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     partial = get_or<double>(rope_params, "partial_rotary_factor", partial, source);
   KVLAB_CHECK(partial == 1.0, "{}: partial_rotary_factor {} is not supported (only 1.0: RoPE over the whole head)",
               source, partial);
-  c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", false, source);
+  if (type == "gemma3") {
+    // Global layers: rope_theta (default 1e6) and rope_scaling; sliding layers: their own base
+    // (rope_local_base_freq, default 1e4), unscaled. transformers >= 5 nests both under
+    // rope_parameters.{full_attention, sliding_attention}.
+    c.rope_theta = get_or<double>(cfg, "rope_theta", 1.0e6, source);
+    c.rope_local_theta = get_or<double>(cfg, "rope_local_base_freq", 1.0e4, source);
+    if (rope_params.is_object() && rope_params.contains("full_attention")) {
+      const json& full = rope_params["full_attention"];
+      const json& local = rope_params.contains("sliding_attention") ? rope_params["sliding_attention"] : json(nullptr);
+      c.rope_theta = get_or<double>(full, "rope_theta", c.rope_theta, source);
+      c.rope_scaling = rope_scaling_from_json(full, source + " rope_parameters.full_attention");
+      if (local.is_object()) {
+        c.rope_local_theta = get_or<double>(local, "rope_theta", c.rope_local_theta, source);
+        KVLAB_CHECK(rope_scaling_from_json(local, source).kind == "none",
+                    "{}: rope_parameters.sliding_attention scales RoPE ({}); only unscaled local RoPE is supported",
+                    source, local.dump());
+      }
+    }
+    KVLAB_CHECK(c.rope_local_theta > 0, "{}: rope_local_base_freq must be > 0, found {}", source, c.rope_local_theta);
+    c.query_pre_attn_scalar = get_or<double>(cfg, "query_pre_attn_scalar", 256.0, source);
+    KVLAB_CHECK(c.query_pre_attn_scalar > 0, "{}: query_pre_attn_scalar must be > 0, found {}", source,
+                c.query_pre_attn_scalar);
+    set_gemma3_layers(c);
+  }
+  c.tie_word_embeddings = get_or<bool>(cfg, "tie_word_embeddings", type == "gemma3", source);
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2 always has q/k/v biases and no o_proj bias
-  } else if (type == "llama" || type == "qwen3") {
+  } else if (type == "llama" || type == "qwen3" || type == "gemma3") {
     c.qkv_bias = c.o_bias = get_or<bool>(cfg, "attention_bias", false, source);
   }
-  c.qk_norm = type == "qwen3";
+  c.qk_norm = type == "qwen3" || type == "gemma3";
   KVLAB_CHECK(!get_or<bool>(cfg, "mlp_bias", false, source),
               "{}: mlp_bias=true is not supported", source);
   // Mistral and Phi-3 slide every layer when sliding_window is set (transformers: the sliding
@@ -195,24 +294,27 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 0, source);
     c.window_from_layer = get_or<int64_t>(cfg, "max_window_layers", 28, source);
   }
+  if (type == "gemma3") {
+    c.sliding_window = get_or<int64_t>(cfg, "sliding_window", 4096, source);
+    const int64_t pattern = get_or<int64_t>(cfg, "sliding_window_pattern", 6, source);
+    KVLAB_CHECK(pattern >= 1, "{}: sliding_window_pattern must be >= 1, found {}", source, pattern);
+    if (c.sliding_window > 0) set_sliding_layers(c, every_nth_global(c.n_layers, pattern));
+  }
   // transformers >= 4.53 also writes the per-layer kinds; they win over max_window_layers.
   if (c.sliding_window > 0 && cfg.contains("layer_types") && cfg["layer_types"].is_array()) {
     const json& kinds = cfg["layer_types"];
     KVLAB_CHECK(static_cast<int64_t>(kinds.size()) == c.n_layers,
                 "{}: layer_types has {} entries, expected num_hidden_layers = {}", source, kinds.size(),
                 c.n_layers);
-    int64_t first = c.n_layers;
+    std::vector<bool> slides(static_cast<size_t>(c.n_layers));
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const std::string kind = kinds[l].is_string() ? kinds[l].get<std::string>() : "";
       KVLAB_CHECK(kind == "full_attention" || kind == "sliding_attention",
                   "{}: layer_types[{}] must be \"full_attention\" or \"sliding_attention\", found {}",
                   source, l, kinds[l].dump());
-      if (kind == "sliding_attention" && first == c.n_layers) first = l;
-      KVLAB_CHECK(kind == "sliding_attention" || first == c.n_layers,
-                  "{}: layer_types puts a full-attention layer ({}) after a sliding one ({}); only "
-                  "sliding layers from some layer on are supported yet (issue 24)", source, l, first);
+      slides[static_cast<size_t>(l)] = kind == "sliding_attention";
     }
-    c.window_from_layer = first;
+    set_sliding_layers(c, slides);
   }
   KVLAB_CHECK(c.sliding_window >= 0 && c.window_from_layer >= 0,
               "{}: sliding_window and max_window_layers must be >= 0, found {} and {}", source,
@@ -232,8 +334,8 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
                                    int64_t n_vocab_fallback) {
   KVLAB_CHECK(md.is_object(), "{}: GGUF metadata must be an object", source);
   const std::string arch = get_required<std::string>(md, "general.architecture", source);
-  KVLAB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "phi3",
-              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2, qwen3, phi3; "
+  KVLAB_CHECK(arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "phi3" || arch == "gemma3",
+              "{}: GGUF general.architecture '{}' is not supported (supported: llama, qwen2, qwen3, phi3, gemma3; "
               "mistral GGUFs use 'llama')",
               source, arch);
   auto key = [&](const std::string& k) { return arch + "." + k; };
@@ -274,6 +376,16 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
   c.qk_norm = arch == "qwen3";
   // llama.cpp's converter writes Phi-3's sliding window (every layer) under this key.
   if (arch == "phi3") c.sliding_window = get_or<int64_t>(md, key("attention.sliding_window"), 0, source);
+  if (arch == "gemma3") {
+    // llama.cpp's gemma3 loader (as transformers' GGUF path): every sixth layer global, the local
+    // RoPE base 1e4, and the query scale 1/sqrt(head_dim) except for the 27B model (62 layers),
+    // which uses 1/sqrt(hidden / heads). The norm weights are stored with their 1 added.
+    set_gemma3_layers(c);
+    c.sliding_window = get_or<int64_t>(md, key("attention.sliding_window"), 0, source);
+    if (c.sliding_window > 0) set_sliding_layers(c, every_nth_global(c.n_layers, 6));
+    c.rope_local_theta = 1.0e4;
+    c.query_pre_attn_scalar = c.n_layers == 62 ? double(c.hidden_size / c.n_q_heads) : double(c.head_dim);
+  }
   c.tie_word_embeddings = false;  // the loader sets it when output.weight is absent
   c.bos_token_id = get_or<int64_t>(md, "tokenizer.ggml.bos_token_id", -1, source);
   const int64_t eos = get_or<int64_t>(md, "tokenizer.ggml.eos_token_id", -1, source);

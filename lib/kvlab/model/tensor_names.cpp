@@ -29,6 +29,8 @@ const std::vector<TensorNameRow>& tensor_name_table() {
       {R::ffn_norm,   "model.layers.{}.post_attention_layernorm.weight", "blk.{}.ffn_norm.weight"},
       {R::attn_q_norm, "model.layers.{}.self_attn.q_norm.weight",      "blk.{}.attn_q_norm.weight"},
       {R::attn_k_norm, "model.layers.{}.self_attn.k_norm.weight",      "blk.{}.attn_k_norm.weight"},
+      {R::attn_post_norm, "model.layers.{}.post_attention_layernorm.weight", "blk.{}.post_attention_norm.weight"},
+      {R::ffn_post_norm, "model.layers.{}.post_feedforward_layernorm.weight", "blk.{}.post_ffw_norm.weight"},
   };
   // clang-format on
   return t;
@@ -53,6 +55,12 @@ std::string tensor_name(WeightFormat format, TensorRole role, int64_t layer) {
   KVLAB_FAIL("tensor role {} is not in the name table", int(role));
 }
 
+std::string tensor_name(WeightFormat format, TensorRole role, int64_t layer, const ModelConfig& c) {
+  if (c.sandwich_norms && format == WeightFormat::hf && role == TensorRole::ffn_norm)
+    return fmt::format("model.layers.{}.pre_feedforward_layernorm.weight", layer);
+  return tensor_name(format, role, layer);
+}
+
 bool layer_role_present(TensorRole role, const ModelConfig& c) {
   switch (role) {
     case TensorRole::bias_q:
@@ -61,6 +69,8 @@ bool layer_role_present(TensorRole role, const ModelConfig& c) {
     case TensorRole::bias_o: return c.o_bias;
     case TensorRole::attn_q_norm:
     case TensorRole::attn_k_norm: return c.qk_norm;
+    case TensorRole::attn_post_norm:
+    case TensorRole::ffn_post_norm: return c.sandwich_norms;
     default: return true;
   }
 }
@@ -82,6 +92,8 @@ at::Tensor& layer_slot(LayerWeights& l, TensorRole role) {
     case TensorRole::ffn_norm: return l.ffn_norm;
     case TensorRole::attn_q_norm: return l.q_norm;
     case TensorRole::attn_k_norm: return l.k_norm;
+    case TensorRole::attn_post_norm: return l.attn_post_norm;
+    case TensorRole::ffn_post_norm: return l.ffn_post_norm;
     default: KVLAB_FAIL("tensor role {} is not a per-layer tensor", int(role));
   }
 }

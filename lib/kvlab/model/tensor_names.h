@@ -21,6 +21,7 @@ enum class TensorRole {
   // per layer
   attn_q, attn_k, attn_v, attn_o, bias_q, bias_k, bias_v, bias_o,
   ffn_gate, ffn_up, ffn_down, attn_norm, ffn_norm, attn_q_norm, attn_k_norm,
+  attn_post_norm, ffn_post_norm,  // gemma3's sandwich norms
 };
 
 struct TensorNameRow {
@@ -36,6 +37,9 @@ std::vector<TensorRole> layer_roles();
 
 // The name of `role` in `format`, with the layer index filled in for per-layer roles.
 std::string tensor_name(WeightFormat format, TensorRole role, int64_t layer = -1);
+// The same for a model of config `c`: gemma3's HF checkpoints name the pre-feed-forward norm
+// pre_feedforward_layernorm (their post_attention_layernorm is the attention's output norm).
+std::string tensor_name(WeightFormat format, TensorRole role, int64_t layer, const ModelConfig& c);
 
 // Whether a model of config `c` has this per-layer tensor (biases only where the config says so).
 bool layer_role_present(TensorRole role, const ModelConfig& c);

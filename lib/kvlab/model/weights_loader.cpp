@@ -70,17 +70,27 @@ void finish_model(Model& m, const ModelLoadOptions& opt) {
   auto to = [&](at::Tensor& t) {
     if (t.defined()) t = t.to(opt.device, opt.dtype).contiguous();
   };
+  // gemma3 keeps its norm weights in float32 (wider for a double model): Gemma3RMSNorm scales by
+  // 1 + w.float() before the cast.
+  const at::ScalarType norm_dtype = m.config.float_norm_scale && opt.dtype != at::kDouble ? at::kFloat : opt.dtype;
+  auto to_norm = [&](at::Tensor& t) {
+    if (t.defined()) t = t.to(opt.device, norm_dtype).contiguous();
+  };
   ModelWeights& w = m.weights;
   const bool tied = w.lm_head.defined() && w.lm_head.is_same(w.tok_embd);
   to(w.tok_embd);
-  to(w.out_norm);
+  to_norm(w.out_norm);
   if (tied) w.lm_head = w.tok_embd; else to(w.lm_head);
-  for (auto& l : w.layers)
-    for (at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                          &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm})
+  for (auto& l : w.layers) {
+    for (at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate, &l.w_up, &l.w_down})
       to(*t);
+    for (at::Tensor* t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm})
+      to_norm(*t);
+  }
   for (auto& l : w.layers) fuse_projections(l);
   m.inv_freq = rope_inv_freq(m.config, w.rope_freqs).to(opt.device);
+  if (m.config.rope_local_theta > 0)  // gemma3's sliding layers: their own base, no scaling
+    m.inv_freq_local = rope_inv_freq(m.config.rope_local_theta, m.config.head_dim, RopeScaling{}).to(opt.device);
   m.dtype = opt.dtype;
   m.device = opt.device;
 }
@@ -108,29 +118,44 @@ void check_layer(const ModelConfig& c, const LayerWeights& l, int64_t i, const s
     expect_shape(l.q_norm, {c.head_dim}, p + "q norm");
     expect_shape(l.k_norm, {c.head_dim}, p + "k norm");
   }
+  if (c.sandwich_norms) {
+    expect_shape(l.attn_post_norm, {H}, p + "post-attention norm");
+    expect_shape(l.ffn_post_norm, {H}, p + "post-feed-forward norm");
+  }
+}
+
+// Gemma's HF checkpoints store each RMSNorm weight as an offset from 1 (Gemma3RMSNorm scales by
+// 1 + w); kvlab's norms scale by the weight, so the 1 is added on load (llama.cpp's converter
+// adds it when it writes a GGUF, so GGUF weights are used as stored).
+void add_norm_offsets(ModelWeights& w) {
+  w.out_norm = w.out_norm + 1.0;
+  for (auto& l : w.layers)
+    for (at::Tensor* t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.ffn_post_norm})
+      if (t->defined()) *t = *t + 1.0;
 }
 
 }  // namespace
 
 ModelSource resolve_model(const std::string& spec, const std::string& flag) {
   KVLAB_CHECK(!spec.empty(), "{} is required: a Hugging Face directory, a .gguf file, or one of "
-              "the names smollm2-135m, stories260k", flag);
+              "the names smollm2-135m, gemma3-270m, stories260k", flag);
   ModelSource src;
   src.spec = spec;
   const std::string repo = KVLAB_REPO_DIR;
   const std::string name = lower(spec);
   fs::path path(spec);
   if (!fs::exists(path)) {
-    if (name == "smollm2-135m") {
-      const fs::path dir = fs::path(env_or("KVLAB_MODELS", repo + "/models")) / "smollm2-135m";
+    if (name == "smollm2-135m" || name == "gemma3-270m") {
+      // The GGUF a data_scripts/get_*.sh script put under ${KVLAB_MODELS:-<repo>/models}/<name>/.
+      const fs::path dir = fs::path(env_or("KVLAB_MODELS", repo + "/models")) / name;
+      const std::string script = name == "smollm2-135m" ? "get_smollm2.sh" : "get_gemma3_270m.sh";
       std::vector<fs::path> found;
       if (fs::is_directory(dir))
         for (const auto& e : fs::directory_iterator(dir))
           if (e.path().extension() == ".gguf") found.push_back(e.path());
       std::sort(found.begin(), found.end());
-      KVLAB_CHECK(!found.empty(), "{} smollm2-135m: no .gguf file in {}; run "
-                  "data_scripts/get_smollm2.sh (or set KVLAB_MODELS to the folder holding "
-                  "smollm2-135m/)", flag, dir.string());
+      KVLAB_CHECK(!found.empty(), "{} {}: no .gguf file in {}; run data_scripts/{} (or set "
+                  "KVLAB_MODELS to the folder holding {}/)", flag, name, dir.string(), script, name);
       path = found.front();
     } else if (name == "stories260k") {
       path = fs::path(env_or("KVLAB_SHARED", repo + "/../shared")) / "models" / "stories260K";
@@ -138,7 +163,7 @@ ModelSource resolve_model(const std::string& spec, const std::string& flag) {
                   "the shared data folder)", flag, path.string());
     } else {
       KVLAB_FAIL("{} '{}': no such file or directory, and not a known name (smollm2-135m, "
-                 "stories260k)", flag, spec);
+                 "gemma3-270m, stories260k)", flag, spec);
     }
   }
   if (fs::is_directory(path)) {
@@ -237,7 +262,7 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
     LayerWeights& l = w.layers[i];
     for (TensorRole role : layer_roles())
       if (layer_role_present(role, c) && !(fused && fused_role(role)))
-        layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i));
+        layer_slot(l, role) = get(tensor_name(WeightFormat::hf, role, i, c));
     if (fused)
       split_fused(l, c, get(fmt::format("model.layers.{}.self_attn.qkv_proj.weight", i)),
                   get(fmt::format("model.layers.{}.mlp.gate_up_proj.weight", i)),
@@ -247,6 +272,7 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   KVLAB_CHECK(!ckpt.has(fused ? fmt::format("model.layers.{}.self_attn.qkv_proj.weight", c.n_layers)
                               : tensor_name(WeightFormat::hf, TensorRole::attn_q, c.n_layers)),
               "{}: holds more layers than num_hidden_layers={}", src.path, c.n_layers);
+  if (c.float_norm_scale) add_norm_offsets(w);
   finish_model(m, opt);
   return m;
 }
@@ -294,7 +320,7 @@ Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
     LayerWeights& l = w.layers[i];
     for (TensorRole role : layer_roles())
       if (layer_role_present(role, c) && !(fused && fused_role(role)))
-        layer_slot(l, role) = get(tensor_name(WeightFormat::gguf, role, i));
+        layer_slot(l, role) = get(tensor_name(WeightFormat::gguf, role, i, c));
     if (fused) split_fused(l, c, get(fmt::format("blk.{}.attn_qkv.weight", i)), get(fmt::format("blk.{}.ffn_up.weight", i)),
                            src.path + fmt::format(": blk.{}", i));
     if (permuted) {
