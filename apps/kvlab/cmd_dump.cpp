@@ -196,7 +196,24 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
   Model model = load_model(src, lo);
   const ModelConfig& c = model.config;
   Tokenizer tok = load_model_tokenizer(src);
-  const std::vector<int> layers = parse_layers(o.layers, c.n_layers);
+  std::vector<int> layers = parse_layers(o.layers, c.n_layers);
+  // A capture records no attention window: replay's exact reference is full causal attention, and
+  // its RoPE frequencies are the global layers'. So a sliding layer is captured only for prompts
+  // within its window; `--layers all` on a model that interleaves sliding and global layers
+  // (gemma3) keeps the global ones and says so.
+  int64_t slide_limit = 0;  // the smallest window among the captured layers (0 = none slides)
+  if (o.layers == "all" && c.interleaved_windows()) {
+    std::vector<int> global;
+    for (int l : layers)
+      if (c.layer_window(l) == 0) global.push_back(l);
+    fmt::print(stderr, "[dump] note: {} layers of {} slide through a window of {} tokens, which a capture does not "
+               "record; --layers all captures the {} global layers ({}); name sliding layers in --layers to capture "
+               "them for prompts of at most {} tokens\n", layers.size() - global.size(), o.model, c.sliding_window,
+               global.size(), fmt::join(global, ","), c.sliding_window);
+    layers = global;
+  }
+  for (int l : layers)
+    if (c.layer_window(l) > 0) slide_limit = slide_limit ? std::min(slide_limit, c.layer_window(l)) : c.layer_window(l);
   // The model's context: positions past it were never trained (RoPE scaling aside).
   const bool ctx_known = c.max_position_embeddings > 0;
   const int64_t ctx = ctx_known ? c.max_position_embeddings : 4096;
@@ -256,6 +273,10 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
       ids = truncate_middle(ids, ctx);
     }
     KVLAB_CHECK(!ids.empty(), "sample {} ('{}'): the prompt has no tokens", i, r.id);
+    KVLAB_CHECK(slide_limit == 0 || static_cast<int64_t>(ids.size()) <= slide_limit,
+                "sample {} ('{}'): {} tokens, more than the {}-token sliding window of a layer in --layers {}; a "
+                "capture records no window (replay would judge against full attention): give --max-tokens {} or "
+                "less, or --layers with global layers only", i, r.id, ids.size(), slide_limit, o.layers, slide_limit);
     at::Tensor tokens = at::tensor(ids, at::kLong);  // [T]
     const int64_t T = tokens.numel();
     if (T < n_prompt) {

@@ -149,6 +149,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                           {"streaming", spec.stream && streams_while_decoding(m.name)},
                           {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
                           {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
+                          {"kv_bytes_window_layers", r.kv_bytes_window},
                           {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
                           {"decode_seconds", r.decode_seconds}};
       const nlohmann::json setting = b.to_json();

@@ -256,3 +256,55 @@ TEST_CASE("adakv's heads hold different counts without padding: peak bytes as a 
   CHECK(ada.peak_bytes() == flat.peak_bytes());  // 3 x 53 entries either way
   for (int64_t h = 0; h < 3; ++h) CHECK(ada.layer(0).kept(h)["positions"].size() == size_t(counts[h] + 3));
 }
+
+TEST_CASE("gemma3: sliding layers are exact windows for every method; ratio 1 decodes as transformers past the window") {
+  // issue 24. tests/fixtures/tiny_models/gemma3_sw8 (data_scripts/make_tiny_model_fixtures.py):
+  // layers 0 and 1 slide through 8 tokens, layer 2 is global; a 40-token prompt and transformers'
+  // 8 greedy ids by full recompute. Every method at ratio 1 must decode them exactly; a compressing
+  // method keeps the window layers at the last window - 1 = 7 positions after every step.
+  const std::string dir = test::fixtures_dir() + "/tiny_models/gemma3_sw8";
+  c10::InferenceMode guard;
+  Model model = load_model(dir);
+  REQUIRE(model.config.interleaved_windows());
+  nlohmann::json meta = read_json_file(dir + "/expected.json");
+  const auto prompt = meta["token_ids"].get<std::vector<int64_t>>();
+  const auto want = meta["greedy_ids"].get<std::vector<int64_t>>();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  Prefill pre = run_prefill(model, prompt, 8);
+  REQUIRE(pre.windows == std::vector<int64_t>{8, 8, 0});
+  // The exact cache counts the window layers at 7 positions (K and V, float32).
+  const int64_t per_pos = 2 * model.config.n_kv_heads * model.config.head_dim * 4;
+  CHECK(pre.exact_kv_bytes() == per_pos * (7 + 7 + n));
+  for (const auto& info : compressor_infos()) {
+    INFO("method=" << info.name);
+    BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
+    BranchOptions bo;
+    bo.max_new_tokens = static_cast<int64_t>(want.size());
+    bo.stop_at_eos = false;
+    CHECK(run_branch(model, pre, spec, bo).ids == want);
+  }
+  for (const std::string name : {"snapkv", "streaming_llm", "h2o"}) {
+    INFO("method=" << name);
+    BranchSpec spec{method(name), Budget::of_ratio(0.25), 7, 0, 0};
+    BranchOptions bo;
+    bo.max_new_tokens = 5;
+    bo.stop_at_eos = false;
+    int64_t window_entries = -1, global_entries = -1;
+    std::vector<int64_t> window_pos;
+    bo.on_done = [&](const CompressedAttention& attn) {
+      window_entries = attn.layer(0).entries();
+      global_entries = attn.layer(2).entries();
+      auto p = attn.layer(1).num.pos[0].to(at::kCPU).contiguous();
+      window_pos.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+    };
+    auto r = run_branch(model, pre, spec, bo);
+    CHECK(r.ids.size() == 5);
+    CHECK(window_entries == 7);
+    CHECK(global_entries < n);
+    // The last token decoded sits at position n + 3 (its k/v are in); the next query, n + 4, sees n - 3 .. n + 3.
+    std::vector<int64_t> expect;
+    for (int64_t p = n - 3; p <= n + 3; ++p) expect.push_back(p);
+    CHECK(window_pos == expect);
+    CHECK(r.kv_bytes_window > 0);
+  }
+}

@@ -168,6 +168,20 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
   return out;
 }
 
+CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t window) {
+  KVLAB_CHECK(window > 0, "window_layer: window must be > 0, got {}", window);
+  const int64_t n = k.size(1), first = std::max<int64_t>(0, n - window + 1);
+  CompressedLayer out;
+  out.window = window;
+  out.n_positions = n;
+  out.num.keys = k.narrow(1, first, n - first).contiguous();    // [Hkv, m, d]
+  out.num.values = v.narrow(1, first, n - first).contiguous();  // [Hkv, m, d]
+  out.num.bias = at::zeros({k.size(0), n - first}, k.options());
+  out.num.pos = at::arange(first, n, k.options().dtype(at::kLong)).unsqueeze(0).expand({k.size(0), n - first}).contiguous();
+  out.origin = out.num.pos.clone();
+  return out;
+}
+
 CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : layers_(std::move(layers)) {
   for (auto& l : layers_) {
     l.split_heads();  // heads of different counts hold no padding
@@ -181,7 +195,7 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
   CompressedLayer& l = layers_.at(layer);
   KVLAB_CHECK(pos0 == l.n_positions, "compressed cache: layer {} is at position {} but the forward starts at {}",
               layer, l.n_positions, pos0);
-  KVLAB_CHECK(window <= 0 || pos0 + k_new.size(1) <= window,
+  KVLAB_CHECK(window <= 0 || l.window > 0 || pos0 + k_new.size(1) <= window,
               "compressed cache: layer {} attends through a sliding window of {} tokens and position "
               "{} lies past it; compressing a sliding-window layer is not supported yet (issue 24): "
               "use a prompt and --max-new-tokens within the window, or a full-attention model",
@@ -190,7 +204,24 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
   AttentionOptions ao;
   ao.query_pos = at::arange(pos0, pos0 + q.size(1), q.options().dtype(at::kLong));  // [T]
   at::Tensor out;
-  if (l.stream) {
+  if (l.window > 0) {
+    // Exact, through the window; then only what the next query still sees stays.
+    append_exact(l.num, k_new, v_new, pos0);
+    l.origin = l.num.pos.clone();
+    ao.window = l.window;
+    out = attention(q, l.num, nullptr, ao);
+    peak_[layer] = std::max(peak_[layer], l.bytes());
+    peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
+    const int64_t m = l.num.keys.size(1);
+    const int64_t drop = std::min<int64_t>(m, std::max<int64_t>(0, m - (l.window - 1)));  // entries are in position order
+    if (drop > 0) {
+      l.num.keys = l.num.keys.narrow(1, drop, m - drop).contiguous();
+      l.num.values = l.num.values.narrow(1, drop, m - drop).contiguous();
+      l.num.bias = l.num.bias.narrow(1, drop, m - drop).contiguous();
+      l.num.pos = l.num.pos.narrow(1, drop, m - drop).contiguous();
+      l.origin = l.num.pos.clone();
+    }
+  } else if (l.stream) {
     l.stream->push(k_new, v_new, pos0);
     ao.logit_scale = l.stream->logit_scale();
     if (const KVSet* d = l.stream->den()) {
@@ -239,6 +270,19 @@ int64_t CompressedAttention::bytes() const {
   int64_t b = 0;
   for (const auto& l : layers_) b += l.bytes();
   return b;
+}
+
+int64_t CompressedAttention::window_bytes() const {
+  int64_t b = 0;
+  for (const auto& l : layers_)
+    if (l.window > 0) b += l.bytes();
+  return b;
+}
+
+bool CompressedAttention::streams() const {
+  for (const auto& l : layers_)
+    if (l.stream) return true;
+  return false;
 }
 
 double CompressedAttention::live_entries() const {

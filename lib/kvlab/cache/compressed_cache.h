@@ -45,6 +45,9 @@ struct CompressedLayer {
   // them from `num`, which is then left empty). Decoded tokens are appended to every head.
   std::vector<KVSet> heads;             // per KV head: keys/values [1, m_h, d], bias [1, m_h], pos [1, m_h]
   std::vector<at::Tensor> head_origin;  // per KV head [1, m_h] int64, as `origin`
+  // > 0: an exact sliding-window layer (window_layer below): `num` holds only the positions a
+  // later query can still see, pos > n_positions - window, and drops the older ones each step.
+  int64_t window = 0;
 
   bool has_den() const { return den.keys.defined(); }
   bool ragged() const { return !heads.empty(); }
@@ -83,18 +86,29 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
                                bool count_whole = false, const at::Tensor& attention_sums = at::Tensor(),
                                const at::Tensor& rope_inv_freq = at::Tensor(), const at::Tensor& out_proj = at::Tensor());
 
+// A sliding layer of a model whose sliding layers interleave with global ones (gemma3: five local
+// layers of 512 tokens, then a global one) is never compressed: its cache is already bounded by
+// the window, as transformers' is, and every method holds the same window there (kvpress skips
+// gemma3's sliding layers too). k, v [Hkv, n, d] at positions 0..n-1 -> the last min(n, window - 1)
+// positions, the ones the next query (position n) still sees. Mistral-style models, whose every
+// layer slides, are compressed instead (within the window; see CompressedAttention::attend).
+CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t window);
+
 class CompressedAttention : public AttentionBackend {
  public:
   explicit CompressedAttention(std::vector<CompressedLayer> layers);
   // Appends k_new/v_new exactly at pos0 (= the layer's n_positions), then attends causally over
   // everything held. q [Hq, T, d] -> [Hq, T, d]. A sliding window (window > 0) is refused once a
-  // position lies past it: compressed entries have no single position to slide past (issue 24).
+  // position lies past it: compressed entries have no single position to slide past (issue 24);
+  // a window_layer slides instead.
   at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
                     int64_t pos0, int64_t window) override;
   // A compressed cache is made from a prefill; it cannot start a new sequence.
   void reset() override;
   const CompressedLayer& layer(int l) const { return layers_.at(l); }
   int64_t bytes() const;       // over all layers, now
+  int64_t window_bytes() const;  // the part of bytes() held by window layers (never compressed)
+  bool streams() const;          // whether some layer compresses while decoding
   // Σ over layers of the most each held since construction (a step's new token included before
   // the stream evicts): the peak of the whole cache within one entry per layer.
   int64_t peak_bytes() const;

@@ -33,7 +33,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int64_t Prefill::exact_kv_bytes() const {
   int64_t b = 0;
-  for (size_t l = 0; l < k.size(); ++l) b += k[l].nbytes() + v[l].nbytes();
+  for (size_t l = 0; l < k.size(); ++l) {
+    const int64_t n = k[l].size(1), w = l < windows.size() ? windows[l] : 0;
+    const int64_t held = w > 0 ? std::min(n, w - 1) : n;
+    b += n > 0 ? (k[l].nbytes() + v[l].nbytes()) / n * held : 0;
+  }
   return b;
 }
 
@@ -70,6 +74,7 @@ Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int6
   for (int64_t l = 0; l < n_layers; ++l) {
     p.k.push_back(attn.keys(l).clone());    // [Hkv, n, d]
     p.v.push_back(attn.values(l).clone());  // [Hkv, n, d]
+    p.windows.push_back(model.config.interleaved_windows() ? model.config.layer_window(l) : 0);
   }
   p.seconds = seconds_since(t0);
   return p;
@@ -87,6 +92,10 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   // A method scoring with every prompt query shares the prefill's attention sums (see Prefill).
   const bool all_queries = spec.method.compressor->observation_queries() < 0;
   for (int l = 0; l < n_layers; ++l) {
+    if (l < static_cast<int>(prefill.windows.size()) && prefill.windows[l] > 0) {
+      layers.push_back(window_layer(prefill.k[l], prefill.v[l], prefill.windows[l]));
+      continue;
+    }
     const bool share = all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1);
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
@@ -95,6 +104,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
   }
   CompressedAttention attn(std::move(layers));
   r.kv_bytes = attn.bytes();
+  r.kv_bytes_window = attn.window_bytes();
   r.entries_start = attn.live_entries();
   double entries_sum = r.entries_start, bytes_sum = double(r.kv_bytes);
   int64_t samples = 1;
@@ -111,7 +121,7 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab]
     // in one forward; a cache that compresses while decoding takes it token by token, as it takes
     // every token that arrives (its streams push one token a step).
-    const bool streams = attn.n_layers() > 0 && attn.layer(0).stream != nullptr;
+    const bool streams = attn.streams();
     const int64_t step = streams ? 1 : static_cast<int64_t>(opt.suffix.size());
     for (int64_t i = 0; i < static_cast<int64_t>(opt.suffix.size()); i += step) {
       ForwardOptions fo;

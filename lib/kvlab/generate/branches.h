@@ -23,8 +23,13 @@ struct Prefill {
   at::Tensor last_logits;          // [vocab] float32, the prediction after the prompt
   std::vector<at::Tensor> k, v;    // per layer [Hkv, n, d] post-RoPE, exact
   std::vector<at::Tensor> q_obs;   // per layer [Hq, n_obs, d] the last n_obs prompt queries
+  // Per layer: > 0 for a sliding layer every branch holds as an exact window (window_layer:
+  // gemma3's local layers), 0 for a layer the branch's method compresses.
+  std::vector<int64_t> windows;
   double seconds = 0;
-  int64_t exact_kv_bytes() const;  // K + V of every layer
+  // K + V of every layer as an exact cache holds them: a window layer only its last window - 1
+  // positions (as transformers' sliding cache), every other layer all n.
+  int64_t exact_kv_bytes() const;
   // Layer l's per-query-head attention sums over every prompt query ([Hq, n] float64,
   // LayerKV::attention_sums), computed on first use and then shared by every branch of this prompt
   // that scores with all its queries (h2o/cam with every query, buzz: each recomputed them, ~85 s
@@ -73,6 +78,7 @@ struct BranchResult {
   int64_t kv_bytes = 0;         // the compressed cache right after compression
   int64_t kv_bytes_end = 0;     // ... after the last decoded token
   int64_t kv_bytes_peak = 0;    // the most it held (CompressedAttention::peak_bytes)
+  int64_t kv_bytes_window = 0;  // the part of kv_bytes in window layers (the same for every method)
   // Live entries per (layer, KV head) (CompressedAttention::live_entries): right after
   // compression, the mean over that moment and every step after it (the suffix, each decoded
   // token), and the peak (a step's new token included before a stream evicts).

@@ -32,7 +32,9 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
     layer.num.bias = at::zeros({c.n_kv_heads, 0}, opts);
     layer.num.pos = at::zeros({c.n_kv_heads, 0}, opts.dtype(at::kLong));
     layer.origin = layer.num.pos.clone();
-    if (b.method.name != "exact") {
+    if (c.interleaved_windows() && c.layer_window(l) > 0) {
+      layer.window = c.layer_window(l);  // gemma3's sliding layers: an exact window for every method
+    } else if (b.method.name != "exact") {
       LayerKV empty;
       empty.keys = none, empty.values = none;
       empty.layer = l, empty.n_layers = static_cast<int>(c.n_layers);
@@ -106,7 +108,12 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
   res.full.ppl = std::exp(res.full.nll);
   res.full.top1 = 1.0;
   int64_t exact_bytes = 0;
-  for (int64_t l = 0; l < model.config.n_layers; ++l) exact_bytes += exact.keys(l).nbytes() + exact.values(l).nbytes();
+  for (int64_t l = 0; l < model.config.n_layers; ++l) {
+    // A sliding layer of an interleaved model (gemma3) holds only its window, as transformers' cache.
+    const int64_t held = exact.keys(l).size(1), w = model.config.interleaved_windows() ? model.config.layer_window(l) : 0;
+    const int64_t kept = w > 0 ? std::min(held, w - 1) : held;
+    if (held > 0) exact_bytes += (exact.keys(l).nbytes() + exact.values(l).nbytes()) / held * kept;
+  }
   res.full.kv_bytes_peak = exact_bytes;
   for (size_t b = 0; b < branches.size(); ++b) {
     PplRow& r = rows[b];
