@@ -11,10 +11,13 @@ renamed to <out>. `kvlab inspect`, `kvlab replay` and the analyses read it as th
 
 How q/k/v are obtained: a forward hook on each captured layer's attention module receives its
 hidden_states and position_embeddings (cos, sin); q_proj/k_proj/v_proj are applied again, then
-q_norm/k_norm if the module has them (qwen3), then the modeling file's own apply_rotary_pos_emb.
+q_norm/k_norm if the module has them (qwen3, gemma3), then the modeling file's own apply_rotary_pos_emb;
+a score scale other than 1/sqrt(head_dim) (gemma3's query_pre_attn_scalar) is folded into q, as
+`kvlab dump` does. A sliding layer is captured only for prompts within its window (the capture
+records none): --layers all leaves such layers out when others attend globally (gemma3).
 Each layer is written as soon as the model produces it and the forward pass stops after the last
 captured layer (no logits). A self-check recomputes the module's output for the last 8 positions
-from the captured q/k/v (softmax(q k^T * scaling) v, causal, sliding window if the layer has one,
+from the captured q/k/v (softmax(q k^T / sqrt(head_dim)) v, causal, sliding window if the layer has one,
 then o_proj) and refuses a module it does not reproduce (attention sinks, logit soft-capping,
 partial RoPE, fused projections, ...), so a capture is either right or not written.
 
@@ -552,20 +555,34 @@ def capture(args):
     if len(set(geo.values())) != 1:
         raise CaptureError(f"the captured layers differ in heads or head_dim: {sorted(set(geo.values()))}")
     n_qh, n_kvh, hd = next(iter(geo.values()))
+    # A model whose scores are not scaled by 1/sqrt(head_dim) (gemma3's query_pre_attn_scalar) gets
+    # the difference folded into q, as `kvlab dump` does: softmax(q k^T / sqrt(head_dim)) of the
+    # captured q is the model's attention.
+    q_fold = {}
     for i, a in attns.items():
         rope_function(a)
-        scaling = getattr(a, "scaling", hd ** -0.5)
-        if abs(scaling - hd ** -0.5) > 1e-6 * hd ** -0.5:
-            warn(f"layer {i}: the model scales scores by {scaling:g}, not 1/sqrt(head_dim) = {hd ** -0.5:g}; "
-                 "kvlab replay's exact attention uses 1/sqrt(head_dim)")
-            break
-    for i, a in attns.items():
-        window = getattr(a, "sliding_window", None) if hasattr(a, "sliding_window") else \
+        scaling = float(getattr(a, "scaling", hd ** -0.5))
+        q_fold[i] = scaling * math.sqrt(hd)
+    if any(abs(f - 1.0) > 1e-6 for f in q_fold.values()):
+        note(f"the model scales scores by {scaling:g}, not 1/sqrt(head_dim) = {hd ** -0.5:g}: q is stored times "
+             f"{scaling * math.sqrt(hd):g} so that replay's 1/sqrt(head_dim) gives the model's attention")
+    # A capture records no attention window (replay's exact reference is full causal attention), so
+    # a sliding layer is captured only for prompts within its window, as `kvlab dump` does:
+    # --layers all leaves such layers out when others attend globally (gemma3), and says so.
+    def layer_window(a):
+        return getattr(a, "sliding_window", None) if hasattr(a, "sliding_window") else \
             getattr(config, "sliding_window", None)
-        if window and T > window:
-            warn(f"layer {i} attends over a sliding window of {window} tokens, shorter than the prompt's {T}; "
-                 "kvlab replay's exact attention is full causal attention")
-            break
+    past = [i for i, a in attns.items() if layer_window(a) and T > layer_window(a)]
+    if past and args.layers == "all" and len(past) < len(attns):
+        note(f"{len(past)} layers slide through a window shorter than the prompt's {T} tokens, which a capture "
+             f"does not record; --layers all captures the {len(attns) - len(past)} others")
+        wanted = [i for i in wanted if i not in past]
+        attns = {i: a for i, a in attns.items() if i not in past}
+    elif past:
+        raise CaptureError(f"--layers {args.layers}: layer {past[0]} attends through a sliding window of "
+                           f"{layer_window(attns[past[0]])} tokens, shorter than the prompt's {T}; a capture records "
+                           "no window (replay would judge against full attention): shorten the prompt or name "
+                           "layers without one")
     theta, rope_scaling = rope_metadata(config)
     arch = getattr(config, "model_type", None) or type(model).__name__
     model_id = args.model_id or (os.path.join(args.model, args.gguf_file) if args.gguf_file else args.model)
@@ -604,6 +621,8 @@ def capture(args):
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, H, T, d]
             cos, sin = pe
             q, k = rope(q, k, cos, sin)
+            if q_fold[layer] != 1.0:
+                q = q * q_fold[layer]
             if not args.no_check:
                 worst[0] = max(worst[0], self_check(mod, layer, q, k, v, output, hd, check_tol, config))
             qt, kt, vt = q[0, :, L - n_q:], k[0], v[0]
@@ -641,7 +660,7 @@ def capture(args):
 
 def self_check(mod, layer, q, k, v, output, hd, tol, config):
     """The module's output at the last CHECK_ROWS positions recomputed from the captured q/k/v:
-    softmax(q k^T * scaling) v over the causal (sliding-window) keys, then o_proj. Returns the
+    softmax(q k^T / sqrt(head_dim)) v over the causal (sliding-window) keys, then o_proj. Returns the
     relative L2 error; refuses the module above `tol`."""
     import torch
     o = output[0] if isinstance(output, (tuple, list)) else output
@@ -653,8 +672,7 @@ def self_check(mod, layer, q, k, v, output, hd, tol, config):
     qs = q[0, :, T - m:].float()
     ks = k[0].float().repeat_interleave(g, 0)
     vs = v[0].float().repeat_interleave(g, 0)
-    scaling = float(getattr(mod, "scaling", hd ** -0.5))
-    s = qs @ ks.transpose(1, 2) * scaling  # [Hq, m, T]
+    s = qs @ ks.transpose(1, 2) * hd ** -0.5  # [Hq, m, T]; q carries any other scaling (q_fold)
     window = getattr(mod, "sliding_window", None) if hasattr(mod, "sliding_window") else \
         getattr(config, "sliding_window", None)
     pos = torch.arange(T - m, T, device=q.device)[:, None]

@@ -206,4 +206,54 @@ print(f"{'ok' if not bad else 'FAILED'}: bfloat16 capture accepted by kvlab insp
 sys.exit(1 if bad else 0)
 EOF
 
+# (g) gemma3 (issue 24), where Gemma-3-270M has been fetched (data_scripts/get_gemma3_270m.sh): a
+# prompt within the 512-token window, a sliding layer (0) and a global one (5); q/k/v of both tools
+# within 1e-5 (gemma3's query_pre_attn_scalar equals head_dim there: no fold). Then a 1,000-token
+# prompt: both capture the global layers only (5, 11, 17) under --layers all.
+G3=""
+for f in "$ROOT"/models/gemma3-270m/*.gguf; do
+  if [ -f "$f" ]; then G3="$f"; break; fi
+done
+if [ -z "$G3" ]; then
+  echo "skipped (g): no Gemma-3-270M GGUF under $ROOT/models/gemma3-270m"
+else
+  "$KVLAB" --threads 1 dump --model "$G3" --prompt "$PROMPT" --chat-template none --layers 0,5 --queries "$QUERIES" \
+    --out "$TMP/g3_kvlab.h5" >"$TMP/g3_dump.log" 2>&1 || { cat "$TMP/g3_dump.log"; fail "kvlab dump (gemma3)"; }
+  G3IDS=$("$PY" -c "import h5py, sys; print(','.join(map(str, h5py.File(sys.argv[1], 'r')['sample_0000/tokens'][:])))" \
+    "$TMP/g3_kvlab.h5") || fail "cannot read the gemma3 dump's token ids"
+  "$PY" "$SCRIPT" --model "$G3" --prompt-ids "$G3IDS" --layers 0,5 --queries "$QUERIES" --threads 1 \
+    --out "$TMP/g3_py.h5" >"$TMP/g3_py.log" 2>&1 || { cat "$TMP/g3_py.log"; fail "kvlab_capture.py (gemma3)"; }
+  "$KVLAB" inspect "$TMP/g3_py.h5" >"$TMP/g3_inspect.log" 2>&1 || { cat "$TMP/g3_inspect.log"; fail "kvlab inspect (gemma3)"; }
+  "$PY" - "$TMP/g3_kvlab.h5" "$TMP/g3_py.h5" <<'EOF2' || fail "gemma3 q/k/v differ"
+import sys
+import h5py
+import numpy as np
+a, b = (h5py.File(p, "r")["sample_0000"] for p in sys.argv[1:3])
+bad = []
+for layer in (0, 5):
+    for t in "qkv":
+        x, y = (f[f"layer_{layer:02d}/{t}"][:].astype(np.float64) for f in (a, b))
+        rel = np.linalg.norm(x - y) / np.linalg.norm(x)
+        print(f"  gemma3 layer {layer} {t} {list(x.shape)}: rel L2 {rel:.2e}")
+        if not rel <= 1e-5:
+            bad.append(f"layer {layer} {t}: {rel:.2e}")
+print(("FAILED: " + ", ".join(bad)) if bad else "ok: gemma3 q/k/v within 1e-5 relative L2 of kvlab dump")
+sys.exit(1 if bad else 0)
+EOF2
+  LONG=$(head -c 5000 "$ROOT/../shared/data/niah/PaulGrahamEssays/apple.txt" 2>/dev/null || true)
+  if [ -n "$LONG" ]; then
+    "$KVLAB" --threads 1 dump --model "$G3" --prompt "$LONG" --chat-template none --queries last:4 \
+      --out "$TMP/g3_long_kvlab.h5" >"$TMP/g3_long_dump.log" 2>&1 || { cat "$TMP/g3_long_dump.log"; fail "kvlab dump (gemma3, long)"; }
+    LIDS=$("$PY" -c "import h5py, sys; print(','.join(map(str, h5py.File(sys.argv[1], 'r')['sample_0000/tokens'][:])))" \
+      "$TMP/g3_long_kvlab.h5")
+    "$PY" "$SCRIPT" --model "$G3" --prompt-ids "$LIDS" --queries last:4 --threads 1 --out "$TMP/g3_long_py.h5" \
+      >"$TMP/g3_long_py.log" 2>&1 || { cat "$TMP/g3_long_py.log"; fail "kvlab_capture.py (gemma3, long)"; }
+    for f in g3_long_kvlab g3_long_py; do
+      got=$("$PY" -c "import h5py, sys; print(','.join(map(str, h5py.File(sys.argv[1], 'r').attrs['layers'])))" "$TMP/$f.h5")
+      [ "$got" = "5,11,17" ] || fail "$f: --layers all on a long prompt captured layers $got, expected the global 5,11,17"
+    done
+    echo "ok: past the window, both capture gemma3's global layers only (5,11,17)"
+  fi
+fi
+
 echo "PASS: kvlab_capture.py matches kvlab dump ($(($(date +%s) - START)) s)"
