@@ -55,6 +55,7 @@ struct GenerateCmdOptions {
   int64_t obs_queries = 256;
   int64_t seed = 42;
   bool prefill_only = false;
+  bool no_batch = false;
   bool overwrite = false;
   std::string preset = "default";
   std::string kept_out;
@@ -87,6 +88,8 @@ struct GenerateCmdOptions {
     f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
     f.add("seed", seed, "seed of random methods");
     f.add("overwrite", overwrite, "replace an existing --logits-out file");
+    f.add("no_batch", no_batch, "decode the --method branches one after another, each streamed as it comes "
+                                "(default: all in one batch, printed when done; the same outputs)");
     f.add("prefill_only", prefill_only, "streaming methods too compress once after prefill and append decoded "
                                         "tokens exactly (default: they keep compressing while decoding)");
   }
@@ -103,59 +106,86 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
              prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
   nlohmann::json branches = nlohmann::json::array(), kept = nlohmann::json::array();
+  std::vector<BranchSpec> specs;
+  std::vector<BranchOptions> bos;
+  std::vector<Budget> settings;
   for (const auto& m : methods)
     for (const auto& b : budgets) {
-      BranchSpec spec{m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
-                      !o.prefill_only, /*count_whole=*/true};
+      specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
+                       !o.prefill_only, /*count_whole=*/true});
       BranchOptions bo;
       bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;
       bo.stop_at_eos = !o.ignore_eos;
-      // The branch's text as it comes: the decode of every id so far, printed past what is shown
-      // (a token decoded alone loses SentencePiece's leading space and cuts UTF-8 characters), so the
-      // text printed equals the plain run's for the same ids.
+      bos.push_back(std::move(bo));
+      settings.push_back(b);
+    }
+  // Batched (the default): every branch decodes in one batch and its text is printed when all are
+  // done. --no-batch: one after another, each branch's text streamed as it comes.
+  std::vector<BranchResult> results;
+  std::vector<std::string> shown(specs.size());
+  if (!o.no_batch) {
+    results = run_branches(model, prefill, specs, bos);
+  } else {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      // The decode of every id so far, printed past what is shown (a token decoded alone loses
+      // SentencePiece's leading space and cuts UTF-8 characters), so the text printed equals the
+      // plain run's for the same ids.
       std::vector<int64_t> so_far;
-      std::string shown;
       auto show = [&](const std::string& text) {
-        if (text.compare(0, shown.size(), shown) != 0) return;  // an unfinished character: wait
-        fmt::print("{}", text.substr(shown.size()));
+        if (text.compare(0, shown[i].size(), shown[i]) != 0) return;  // an unfinished character: wait
+        fmt::print("{}", text.substr(shown[i].size()));
         std::fflush(stdout);
-        shown = text;
+        shown[i] = text;
       };
       if (!o.json) {
-        fmt::print("=== {} {}\n", m.name, b.label());
-        if (tok) bo.on_token = [&](int64_t id) { so_far.push_back(id), show(tok->decode(so_far)); };
+        fmt::print("=== {} {}\n", specs[i].method.name, settings[i].label());
+        if (tok) bos[i].on_token = [&](int64_t id) { so_far.push_back(id), show(tok->decode(so_far)); };
       }
-      BranchResult r = run_branch(model, prefill, spec, bo);
-      const std::string text = tok ? tok->decode(r.ids) : std::string();
-      if (!o.json && tok && text != shown) fmt::print("{}{}", shown.empty() ? "" : "\n", text);  // if a wait never ended
-      if (!o.json) fmt::print("\nids: {}\n", fmt::join(r.ids, ","));
+      results.push_back(run_branch(model, prefill, specs[i], bos[i]));
+      bos[i].on_token = nullptr;
+      const std::string text = tok ? tok->decode(results[i].ids) : std::string();
+      if (!o.json && tok && text != shown[i]) fmt::print("{}{}", shown[i].empty() ? "" : "\n", text);  // if a wait never ended
+      if (!o.json) fmt::print("\nids: {}\n", fmt::join(results[i].ids, ","));
       std::fflush(stdout);
-      fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
-                 "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; compress {:.1f} ms, {} tokens in "
-                 "{:.2f} s\n", m.name, b.label(), r.kv_bytes / 1048576.0,
-                 double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.entries_start,
-                 r.entries_peak, r.compress_ms, r.ids.size(), r.decode_seconds);
-      if (bo.keep_kept) {
-        nlohmann::json k = m.describe(o.keep_first, o.keep_last);
-        k["setting"] = b.to_json();
-        k["layers"] = r.kept["layers"];
-        kept.push_back(std::move(k));
-      }
-      nlohmann::json j = {{"method", m.name}, {"preset", m.preset}, {"params", m.compressor->params()},
-                          {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
-                          {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
-                          {"entries_peak", r.entries_peak},
-                          {"streaming", spec.stream && streams_while_decoding(m.name)},
-                          {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
-                          {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
-                          {"kv_bytes_window_layers", r.kv_bytes_window},
-                          {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
-                          {"decode_seconds", r.decode_seconds}};
-      const nlohmann::json setting = b.to_json();
-      for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
-      branches.push_back(j);
     }
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const MethodSpec& m = specs[i].method;
+    const Budget& b = settings[i];
+    const BranchSpec& spec = specs[i];
+    const BranchResult& r = results[i];
+    const std::string text = tok ? tok->decode(r.ids) : std::string();
+    if (!o.no_batch && !o.json) {
+      fmt::print("=== {} {}\n{}\nids: {}\n", m.name, b.label(), text, fmt::join(r.ids, ","));
+      std::fflush(stdout);
+    }
+    fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
+               "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; compress {:.1f} ms, {} tokens in "
+               "{:.2f} s{}\n", m.name, b.label(), r.kv_bytes / 1048576.0,
+               double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.entries_start,
+               r.entries_peak, r.compress_ms, r.ids.size(), r.decode_seconds,
+               o.no_batch ? "" : " (its share of the batched steps)");
+    if (bos[i].keep_kept) {
+      nlohmann::json k = m.describe(o.keep_first, o.keep_last);
+      k["setting"] = b.to_json();
+      k["layers"] = r.kept["layers"];
+      kept.push_back(std::move(k));
+    }
+    nlohmann::json j = {{"method", m.name}, {"preset", m.preset}, {"params", m.compressor->params()},
+                        {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
+                        {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
+                        {"entries_peak", r.entries_peak},
+                        {"streaming", spec.stream && streams_while_decoding(m.name)},
+                        {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
+                        {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
+                        {"kv_bytes_window_layers", r.kv_bytes_window},
+                        {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
+                        {"decode_seconds", r.decode_seconds}};
+    const nlohmann::json setting = b.to_json();
+    for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
+    branches.push_back(j);
+  }
   if (!o.kept_out.empty()) {
     write_json_atomic(o.kept_out, {{"model", model.id}, {"prompt_tokens", prompt_ids.size()}, {"branches", kept}});
     fmt::print(stderr, "[generate] wrote {}\n", o.kept_out);

@@ -44,6 +44,7 @@ struct PplOptionsCmd {
   std::string results_dir = "results";
   bool overwrite = false;
   bool quiet = false;
+  bool no_batch = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("text", text, "a raw text file, e.g. ../shared/data/wikitext2/wiki.test.raw").required();
@@ -61,6 +62,8 @@ struct PplOptionsCmd {
     f.add("results_dir", results_dir, "base directory of results");
     f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
     f.add("quiet", quiet, "no progress output");
+    f.add("no_batch", no_batch, "feed each token to the branches one after another instead of in one batch (the same "
+          "rows up to float rounding)");
   }
   void check() const {
     KVLAB_CHECK(max_tokens == 0 || max_tokens >= 2, "--max-tokens must be >= 2 (or 0 = fit the model), got {}",
@@ -107,6 +110,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   Progress progress("ppl", int64_t(ids.size()) - 1, !o.quiet);
   int64_t done = 0;
   PplOptions po;
+  po.batch = !o.no_batch;
   po.progress = [&](int64_t pos, int64_t) {
     progress.advance(pos - done);
     done = pos;

@@ -45,6 +45,8 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("results_dir", results_dir, "base directory of results");
   f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
   f.add("quiet", quiet, "no progress output");
+  f.add("no_batch", no_batch, "decode a record's branches one after another instead of in one batch (the same "
+        "outputs; for comparison)");
 }
 
 std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_files) {
@@ -109,6 +111,7 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.obs_queries = o.obs_queries;
   to.keep_first = o.keep_first;
   to.keep_last = o.keep_last;
+  to.batch = !o.no_batch;
   to.protocol = parse_task_protocol(o.protocol, o.decode_rule);
   if (o.kept_out) to.kept_dir = run.file("kept");
   const auto [shard_i, shard_n] = parse_shard(o.shard);

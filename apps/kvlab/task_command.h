@@ -43,6 +43,7 @@ struct TaskCommonOptions {
   std::string results_dir = "results";
   bool overwrite = false;
   bool quiet = false;
+  bool no_batch = false;               // decode a record's branches one by one (issue 25's comparison)
   explicit TaskCommonOptions(std::string experiment) : name(std::move(experiment)) {}
   void fields(FieldList& f);
 };

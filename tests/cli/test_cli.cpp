@@ -314,6 +314,28 @@ TEST_CASE("cli: ppl streams each method's cache from the first token (stories260
   CHECK(rows[2]["method"] == "local");
   CHECK(rows[2]["kl_full"].get<double>() > 1e-3);
   CHECK(rows[2]["kv_bytes_peak"].get<int64_t>() < rows[1]["kv_bytes_peak"].get<int64_t>() / 4);
+  // issue 25: the branches fed one after another (--no-batch) give the batched rows (float rounding apart).
+  auto rn = run_kvlab(base + " --method exact,local,h2o --cache-size 16 --no-batch --out " + dir + "/pn");
+  REQUIRE_MESSAGE(rn.code == 0, rn.out);
+  auto rb = run_kvlab(base + " --method exact,local,h2o --cache-size 16 --out " + dir + "/pb");
+  REQUIRE_MESSAGE(rb.code == 0, rb.out);
+  auto one = read_json_file(dir + "/pn/result.json")["rows"], all = read_json_file(dir + "/pb/result.json")["rows"];
+  REQUIRE(one.size() == all.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    CAPTURE(i);
+    CHECK(all[i]["ppl"].get<double>() == doctest::Approx(one[i]["ppl"].get<double>()).epsilon(1e-6));
+    CHECK(all[i]["top1_agree"] == one[i]["top1_agree"]);
+    CHECK(all[i]["kv_bytes_peak"] == one[i]["kv_bytes_peak"]);
+  }
+  // generate --method: the same ids batched and not.
+  const std::string gen = "generate --model " + model + " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315 "
+                          "--method exact,snapkv,streaming_llm,h2o --ratio 0.5 --max-new-tokens 12 --ignore-eos --json";
+  auto ga = run_kvlab(gen), gb = run_kvlab(gen + " --no-batch");
+  REQUIRE_MESSAGE(ga.code == 0, ga.out);
+  REQUIRE_MESSAGE(gb.code == 0, gb.out);
+  auto ja = nlohmann::json::parse(ga.out.substr(ga.out.find('{'))), jb = nlohmann::json::parse(gb.out.substr(gb.out.find('{')));
+  REQUIRE(ja["branches"].size() == 4);
+  for (size_t i = 0; i < 4; ++i) CHECK(ja["branches"][i]["generated_ids"] == jb["branches"][i]["generated_ids"]);
   // Bad input: one line naming what is wrong.
   check_one_error(run_kvlab(base + " --method snapkv --out " + dir + "/q"), "snapkv compresses once after a prefill");
   check_one_error(run_kvlab(base + " --method buzz --cache-size 4 --out " + dir + "/q"), "below BUZZ's minimum");

@@ -157,11 +157,12 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
                 "or empty folder, or pass --overwrite to write into it", path_);
   }
   if (exact && fs::exists(path_ + "/config.json") && !overwrite) {
-    // A folder of earlier results is never replaced by a run of another config.
+    // A folder of earlier results is never replaced by a run of another config. Keys that say how
+    // a run goes, not what it computes, may differ (no_batch: the same outputs either way).
     auto same = [](nlohmann::json a, nlohmann::json b) {
       for (auto* j : {&a, &b})
         if (j->is_object())
-          for (const char* k : {"overwrite", "quiet", "out"}) j->erase(k);
+          for (const char* k : {"overwrite", "quiet", "out", "no_batch"}) j->erase(k);
       return a == b;
     };
     nlohmann::json earlier;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
@@ -80,10 +81,13 @@ Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int6
   return p;
 }
 
-BranchResult run_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt) {
-  c10::InferenceMode guard;
+namespace {
+
+// The compressed cache of one branch: every layer of the prefill through the branch's method
+// (a window layer held as its exact window).
+std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec,
+                                             double* compress_ms) {
   KVLAB_CHECK(spec.keep_first >= 0 && spec.keep_last >= 0, "--keep-first and --keep-last must be >= 0");
-  BranchResult r;
   CompressOptions co;
   co.budget = spec.budget;
   co.seed = spec.seed;
@@ -98,67 +102,164 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
     }
     const bool share = all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1);
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
-                                    spec.keep_first, spec.keep_last, l, n_layers, &r.compress_ms, spec.stream,
+                                    spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
                                     spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor(),
                                     model.inv_freq, model.weights.layers[l].wo));
   }
-  CompressedAttention attn(std::move(layers));
-  r.kv_bytes = attn.bytes();
-  r.kv_bytes_window = attn.window_bytes();
-  r.entries_start = attn.live_entries();
-  double entries_sum = r.entries_start, bytes_sum = double(r.kv_bytes);
-  int64_t samples = 1;
-  auto sample = [&] {
-    entries_sum += attn.live_entries();
-    bytes_sum += double(attn.bytes());
-    ++samples;
+  return layers;
+}
+
+// One branch from its compression to its last token. run_branch drives one through forward(),
+// run_branches many at once through forward_batch(); both make the same calls on it in the same
+// order: took() after every forward through its cache, choose() for every token.
+class BranchRun {
+ public:
+  BranchRun(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt)
+      : model_(model), opt_(opt), attn_(compress_branch(model, prefill, spec, &r_.compress_ms)) {
+    r_.kv_bytes = attn_.bytes();
+    r_.kv_bytes_window = attn_.window_bytes();
+    r_.entries_start = attn_.live_entries();
+    entries_sum_ = r_.entries_start;
+    bytes_sum_ = double(r_.kv_bytes);
+    logits_ = prefill.last_logits;  // [vocab]
+    pos = static_cast<int64_t>(prefill.prompt.size());
+  }
+  CompressedAttention& attn() { return attn_; }
+  const BranchOptions& opt() const { return opt_; }
+  // A cache that compresses while decoding takes the suffix token by token, as it takes every token
+  // that arrives (its streams push one token a step).
+  int64_t suffix_step() const { return attn_.streams() ? 1 : static_cast<int64_t>(opt_.suffix.size()); }
+  // After a forward of `t` tokens through this branch's cache: the logits [vocab] of the last one.
+  void took(const at::Tensor& logits, int64_t t) {
+    logits_ = logits;
+    pos += t;
+    entries_sum_ += attn_.live_entries();
+    bytes_sum_ += double(attn_.bytes());
+    ++samples_;
+  }
+  // Chooses the next token from the latest logits. True when another token is wanted (the caller
+  // then feeds last() through the cache and calls took()).
+  bool choose() {
+    if (step_ >= opt_.max_new_tokens) return false;
+    if (opt_.on_logits) opt_.on_logits(step_, logits_);
+    const int64_t next = logits_.argmax().item<int64_t>();
+    r_.ids.push_back(next);
+    if (opt_.on_token) opt_.on_token(next);
+    ++step_;
+    const auto& eos = model_.config.eos_token_ids;
+    if (opt_.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) return false;
+    if (opt_.stop_when && opt_.stop_when(r_.ids)) return false;
+    return step_ < opt_.max_new_tokens;
+  }
+  int64_t last() const { return r_.ids.back(); }
+  void add_seconds(double s) { r_.decode_seconds += s; }
+  BranchResult finish() {
+    r_.kv_bytes_end = attn_.bytes();
+    if (opt_.on_done) opt_.on_done(attn_);
+    r_.kv_bytes_peak = attn_.peak_bytes();
+    r_.entries_mean = entries_sum_ / double(samples_);
+    r_.entries_peak = attn_.peak_entries();
+    r_.bytes_mean = bytes_sum_ / double(samples_);
+    if (opt_.keep_kept) r_.kept = kept_json(attn_);
+    return std::move(r_);
+  }
+  int64_t pos = 0;  // the next token's position
+
+ private:
+  const Model& model_;
+  const BranchOptions& opt_;
+  BranchResult r_;
+  CompressedAttention attn_;
+  at::Tensor logits_;  // [vocab] the logits the next token is chosen from
+  int64_t step_ = 0;
+  double entries_sum_ = 0, bytes_sum_ = 0;
+  int64_t samples_ = 1;
+};
+
+}  // namespace
+
+BranchResult run_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt) {
+  c10::InferenceMode guard;
+  BranchRun b(model, prefill, spec, opt);
+  auto t0 = std::chrono::steady_clock::now();
+  ForwardOptions fo;
+  fo.tap = opt.tap;
+  // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab];
+  // the first answer token then comes from the compressed cache.
+  const int64_t n_suffix = static_cast<int64_t>(opt.suffix.size()), step = b.suffix_step();
+  for (int64_t i = 0; i < n_suffix; i += step) {
+    std::vector<int64_t> part(opt.suffix.begin() + i, opt.suffix.begin() + i + step);
+    b.took(forward(model, at::tensor(part, at::kLong), b.pos, b.attn(), fo).select(0, 0), step);  // [vocab]
+  }
+  while (b.choose()) {
+    at::Tensor token = at::tensor(std::vector<int64_t>{b.last()}, at::kLong);  // [1]
+    b.took(forward(model, token, b.pos, b.attn(), fo).select(0, 0), 1);        // [vocab]
+  }
+  b.add_seconds(seconds_since(t0));
+  return b.finish();
+}
+
+std::vector<BranchResult> run_branches(const Model& model, const Prefill& prefill, const std::vector<BranchSpec>& specs,
+                                       const std::vector<BranchOptions>& opts) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(specs.size() == opts.size(), "run_branches: {} branch specs and {} options", specs.size(), opts.size());
+  std::vector<BranchResult> out(specs.size());
+  // A branch with a q/k/v tap (which sees one sequence) or a suffix of its own runs alone.
+  std::vector<size_t> batch;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const bool alone = opts[i].tap != nullptr || (!batch.empty() && opts[i].suffix != opts[batch[0]].suffix);
+    if (alone) out[i] = run_branch(model, prefill, specs[i], opts[i]);
+    else batch.push_back(i);
+  }
+  if (batch.empty()) return out;
+  std::vector<std::unique_ptr<BranchRun>> runs;
+  for (size_t i : batch) runs.push_back(std::make_unique<BranchRun>(model, prefill, specs[i], opts[i]));
+
+  // One batched forward of the token rows `ids` (one per run in `live`); each run takes its logits
+  // and an even share of the wall time.
+  auto step = [&](const std::vector<BranchRun*>& live, const std::vector<std::vector<int64_t>>& ids) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<int64_t> flat;
+    std::vector<AttentionBackend*> attns;
+    for (size_t b = 0; b < live.size(); ++b) {
+      flat.insert(flat.end(), ids[b].begin(), ids[b].end());
+      attns.push_back(&live[b]->attn());
+    }
+    const int64_t B = static_cast<int64_t>(live.size()), T = static_cast<int64_t>(ids[0].size());
+    at::Tensor logits = forward_batch(model, at::tensor(flat, at::kLong).view({B, T}), live[0]->pos, attns);  // [B, vocab]
+    const double share = seconds_since(t0) / double(B);
+    for (int64_t b = 0; b < B; ++b) {
+      live[b]->took(logits.select(0, b), T);
+      live[b]->add_seconds(share);
+    }
   };
 
-  auto t0 = std::chrono::steady_clock::now();
-  at::Tensor logits = prefill.last_logits;  // [vocab]
-  int64_t pos = static_cast<int64_t>(prefill.prompt.size());
-  if (!opt.suffix.empty()) {
-    // The question through the compressed cache (--protocol context): [T] ids -> logits [T, vocab]
-    // in one forward; a cache that compresses while decoding takes it token by token, as it takes
-    // every token that arrives (its streams push one token a step).
-    const bool streams = attn.streams();
-    const int64_t step = streams ? 1 : static_cast<int64_t>(opt.suffix.size());
-    for (int64_t i = 0; i < static_cast<int64_t>(opt.suffix.size()); i += step) {
-      ForwardOptions fo;
-      fo.tap = opt.tap;
-      std::vector<int64_t> part(opt.suffix.begin() + i, opt.suffix.begin() + i + step);
-      at::Tensor all = forward(model, at::tensor(part, at::kLong), pos, attn, fo);
-      logits = all.select(0, all.size(0) - 1);  // [vocab]
-      pos += step;
-      sample();
-    }
+  // The suffix (the same for every run here): whole for the runs that compress once, token by
+  // token for the streaming ones, as run_branch feeds each.
+  const std::vector<int64_t>& suffix = opts[batch[0]].suffix;
+  if (!suffix.empty()) {
+    std::vector<BranchRun*> whole, streaming;
+    for (auto& r : runs) (r->suffix_step() == 1 && suffix.size() > 1 ? streaming : whole).push_back(r.get());
+    if (!whole.empty()) step(whole, std::vector<std::vector<int64_t>>(whole.size(), suffix));
+    for (size_t i = 0; i < suffix.size() && !streaming.empty(); ++i)
+      step(streaming, std::vector<std::vector<int64_t>>(streaming.size(), {suffix[i]}));
   }
-  const auto& eos = model.config.eos_token_ids;
-  for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
-    if (step > 0) {
-      at::Tensor token = at::tensor(std::vector<int64_t>{r.ids.back()}, at::kLong);  // [1]
-      ForwardOptions fo;
-      fo.tap = opt.tap;
-      logits = forward(model, token, pos, attn, fo).select(0, 0);                     // [vocab]
-      ++pos;
-      sample();
-    }
-    if (opt.on_logits) opt.on_logits(step, logits);
-    const int64_t next = logits.argmax().item<int64_t>();
-    r.ids.push_back(next);
-    if (opt.on_token) opt.on_token(next);
-    if (opt.stop_at_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) break;
-    if (opt.stop_when && opt.stop_when(r.ids)) break;
+  // Decoding: every live run's last token in one batch; a run that stops leaves it. Runs decode in
+  // lockstep, so every live run is at the same position.
+  std::vector<BranchRun*> live;
+  for (auto& r : runs)
+    if (r->choose()) live.push_back(r.get());
+  while (!live.empty()) {
+    std::vector<std::vector<int64_t>> ids;
+    for (BranchRun* r : live) ids.push_back({r->last()});
+    step(live, ids);
+    std::vector<BranchRun*> still;
+    for (BranchRun* r : live)
+      if (r->choose()) still.push_back(r);
+    live = std::move(still);
   }
-  r.decode_seconds = seconds_since(t0);
-  r.kv_bytes_end = attn.bytes();
-  if (opt.on_done) opt.on_done(attn);
-  r.kv_bytes_peak = attn.peak_bytes();
-  r.entries_mean = entries_sum / double(samples);
-  r.entries_peak = attn.peak_entries();
-  r.bytes_mean = bytes_sum / double(samples);
-  if (opt.keep_kept) r.kept = kept_json(attn);
-  return r;
+  for (size_t j = 0; j < batch.size(); ++j) out[batch[j]] = runs[j]->finish();
+  return out;
 }
 
 nlohmann::json kept_json(const CompressedAttention& attn) {

@@ -86,10 +86,21 @@ struct BranchResult {
   double bytes_mean = 0;        // kv bytes, averaged as entries_mean
   nlohmann::json kept;          // BranchOptions::keep_kept: the cache as decoding left it (kept_json)
   double compress_ms = 0;       // every layer's compress() call
-  double decode_seconds = 0;
+  double decode_seconds = 0;     // run_branches: batched steps' wall time split among their branches
 };
 
 // Compresses every layer of `prefill` with the branch's method and decodes greedily.
 BranchResult run_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt);
+
+// Every branch of one prefill decoded in one batch (issue 25): at each step the live branches'
+// tokens go through the dense parts of the forward as one [B, hidden] batch (forward_batch) and
+// through attention each over its own compressed cache; a branch that stops (EOS, stop_when,
+// max_new_tokens) leaves the batch. The suffix (the same for every batched branch) goes through
+// whole, or token by token for streaming caches, as run_branch feeds it. The results are run_branch's
+// for each (same ids; logits within float rounding of a GEMM over B rows instead of one), in order.
+// decode_seconds: each batched forward's wall time split evenly among the branches in it. A branch
+// with a tap, or a suffix unlike the first batched branch's, runs alone through run_branch.
+std::vector<BranchResult> run_branches(const Model& model, const Prefill& prefill, const std::vector<BranchSpec>& specs,
+                                       const std::vector<BranchOptions>& opts);
 
 }  // namespace kvlab

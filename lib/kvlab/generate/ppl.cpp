@@ -88,17 +88,35 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
     res.full.nll -= full_lp.gather(1, next.view({-1, 1})).sum().item<double>();
     auto full_top = full_lp.argmax(-1);  // [T]
     res.full.seconds += seconds_since(t0);
-    for (size_t b = 0; b < branches.size(); ++b) {
-      auto t1 = std::chrono::steady_clock::now();
+    // Branch b's log-probabilities [V] at position t enter its row.
+    auto score = [&](size_t b, int64_t t, const at::Tensor& logits) {
+      auto lp = at::log_softmax(logits.to(at::kCPU, at::kDouble), -1);  // [V]
+      const auto ref = full_lp[t - s];                                  // [V]
+      rows[b].nll -= lp[tokens[t + 1]].item<double>();
+      rows[b].kl += (ref.exp() * (ref - lp)).sum().item<double>();
+      rows[b].top1 += lp.argmax().item<int64_t>() == full_top[t - s].item<int64_t>() ? 1.0 : 0.0;
+    };
+    if (opt.batch && branches.size() > 1) {
+      std::vector<AttentionBackend*> attns;
+      for (auto& c : caches) attns.push_back(&c);
+      const int64_t B = static_cast<int64_t>(branches.size());
       for (int64_t t = s; t < e; ++t) {
-        auto tok = at::tensor(std::vector<int64_t>{tokens[t]}, at::kLong);                          // [1]
-        auto lp = at::log_softmax(forward(model, tok, t, caches[b]).select(0, 0).to(at::kCPU, at::kDouble), -1);  // [V]
-        const auto ref = full_lp[t - s];                                                             // [V]
-        rows[b].nll -= lp[tokens[t + 1]].item<double>();
-        rows[b].kl += (ref.exp() * (ref - lp)).sum().item<double>();
-        rows[b].top1 += lp.argmax().item<int64_t>() == full_top[t - s].item<int64_t>() ? 1.0 : 0.0;
+        auto t1 = std::chrono::steady_clock::now();
+        auto tok = at::full({B, 1}, tokens[t], at::kLong);          // [B, 1]
+        at::Tensor logits = forward_batch(model, tok, t, attns);    // [B, V]
+        for (int64_t b = 0; b < B; ++b) score(size_t(b), t, logits.select(0, b));
+        const double share = seconds_since(t1) / double(B);
+        for (auto& x : secs) x += share;
       }
-      secs[b] += seconds_since(t1);
+    } else {
+      for (size_t b = 0; b < branches.size(); ++b) {
+        auto t1 = std::chrono::steady_clock::now();
+        for (int64_t t = s; t < e; ++t) {
+          auto tok = at::tensor(std::vector<int64_t>{tokens[t]}, at::kLong);  // [1]
+          score(b, t, forward(model, tok, t, caches[b]).select(0, 0));
+        }
+        secs[b] += seconds_since(t1);
+      }
     }
     if (opt.progress) opt.progress(e, n);
   }

@@ -45,6 +45,9 @@ struct PplResult {
 
 struct PplOptions {
   int64_t chunk = 256;  // the full cache's forward chunk
+  // Every branch's token in one batch (forward_batch; issue 25); false: one branch after another.
+  // The same rows up to float rounding (one GEMM over B rows instead of B matrix-vector products).
+  bool batch = true;
   std::function<void(int64_t position, int64_t n_tokens)> progress;
 };
 

@@ -47,15 +47,16 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
-                   AttentionBackend& attn, const ForwardOptions& opt) {
-  c10::InferenceMode guard;
+namespace {
+
+// The forward pass of B sequences of T new tokens each, all at positions pos0 .. pos0+T-1, each
+// attending through its own backend. The dense parts (embedding, projections, norms, MLP, lm_head)
+// run once over the B*T rows; attention runs per sequence. ids [B*T] int64, sequence-major.
+// Returns logits [B*T or B, vocab] (the last position of each sequence unless opt.all_logits).
+at::Tensor forward_rows(const Model& model, const at::Tensor& ids, int64_t B, int64_t T, int64_t pos0,
+                        const std::vector<AttentionBackend*>& attns, const ForwardOptions& opt) {
   const ModelConfig& cfg = model.config;
-  KVLAB_CHECK(tokens.dim() == 1 && tokens.numel() > 0, "forward: tokens must be a non-empty 1-D "
-              "tensor, found shape {}", tokens.sizes().vec());
-  const int64_t T = tokens.numel();
-  const int64_t Hq = cfg.n_q_heads, Hkv = cfg.n_kv_heads, d = cfg.head_dim;
-  at::Tensor ids = tokens.to(model.device, at::kLong);  // [T]
+  const int64_t Hq = cfg.n_q_heads, Hkv = cfg.n_kv_heads, d = cfg.head_dim, N = B * T;
   {
     const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
     KVLAB_CHECK(lo >= 0 && hi < cfg.vocab_size, "token ids must be in [0, {}), found [{}, {}]",
@@ -65,7 +66,7 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
   at::Tensor cos_local, sin_local;                                       // [T, d] gemma3's sliding layers
   if (model.inv_freq_local.defined())
     std::tie(cos_local, sin_local) = rope_cos_sin(model.inv_freq_local, pos0, T, model.dtype);
-  at::Tensor x = at::embedding(model.weights.tok_embd, ids);             // [T, hidden]
+  at::Tensor x = at::embedding(model.weights.tok_embd, ids);             // [N, hidden]
   if (cfg.embed_scaled)  // sqrt(hidden) rounded to float32, then to the model's dtype (as transformers)
     x = x * at::scalar_tensor(std::sqrt(double(cfg.hidden_size)), at::kFloat).to(x.scalar_type());
   const double q_scale = cfg.query_scale();
@@ -73,52 +74,79 @@ at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
 
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = model.weights.layers[l];
-    at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [T, hidden]
+    at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [N, hidden]
     at::Tensor q, k, v;
     if (opt.fused && w.wqkv.defined()) {
-      at::Tensor qkv = project(h, w.wqkv, w.bqkv);                            // [T, (Hq+2Hkv)*d]
-      q = qkv.narrow(1, 0, Hq * d).view({T, Hq, d}).transpose(0, 1);         // [Hq, T, d]
-      k = qkv.narrow(1, Hq * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);  // [Hkv, T, d]
-      v = qkv.narrow(1, (Hq + Hkv) * d, Hkv * d).view({T, Hkv, d}).transpose(0, 1);
+      at::Tensor qkv = project(h, w.wqkv, w.bqkv);                            // [N, (Hq+2Hkv)*d]
+      q = qkv.narrow(1, 0, Hq * d).view({B, T, Hq, d}).transpose(1, 2);          // [B, Hq, T, d]
+      k = qkv.narrow(1, Hq * d, Hkv * d).view({B, T, Hkv, d}).transpose(1, 2);   // [B, Hkv, T, d]
+      v = qkv.narrow(1, (Hq + Hkv) * d, Hkv * d).view({B, T, Hkv, d}).transpose(1, 2);
     } else {
-      q = project(h, w.wq, w.bq).view({T, Hq, d}).transpose(0, 1);            // [Hq, T, d]
-      k = project(h, w.wk, w.bk).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
-      v = project(h, w.wv, w.bv).view({T, Hkv, d}).transpose(0, 1);           // [Hkv, T, d]
+      q = project(h, w.wq, w.bq).view({B, T, Hq, d}).transpose(1, 2);            // [B, Hq, T, d]
+      k = project(h, w.wk, w.bk).view({B, T, Hkv, d}).transpose(1, 2);           // [B, Hkv, T, d]
+      v = project(h, w.wv, w.bv).view({B, T, Hkv, d}).transpose(1, 2);           // [B, Hkv, T, d]
     }
-    if (w.q_norm.defined()) {  // qwen3: RMSNorm over head_dim, each head and position
-      q = rms_norm(q, w.q_norm, cfg.rms_norm_eps);  // [Hq, T, d]
-      k = rms_norm(k, w.k_norm, cfg.rms_norm_eps);  // [Hkv, T, d]
+    if (w.q_norm.defined()) {  // qwen3, gemma3: RMSNorm over head_dim, each head and position
+      q = rms_norm(q, w.q_norm, cfg.rms_norm_eps);  // [B, Hq, T, d]
+      k = rms_norm(k, w.k_norm, cfg.rms_norm_eps);  // [B, Hkv, T, d]
     }
     const bool local = cos_local.defined() && cfg.layer_window(l) > 0;
-    q = apply_rope(q, local ? cos_local : cos, local ? sin_local : sin);  // [Hq, T, d] contiguous
-    k = apply_rope(k, local ? cos_local : cos, local ? sin_local : sin);  // [Hkv, T, d] contiguous
+    q = apply_rope(q, local ? cos_local : cos, local ? sin_local : sin);  // [B, Hq, T, d] contiguous
+    k = apply_rope(k, local ? cos_local : cos, local ? sin_local : sin);  // [B, Hkv, T, d] contiguous
     if (q_scale != 1.0) q.mul_(q_scale);  // gemma3's query_pre_attn_scalar, folded into q
-    v = v.contiguous();
     const int layer = static_cast<int>(l);
-    if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, q, k, v);
-    at::Tensor a = attn.attend(layer, q, k, v, pos0, cfg.layer_window(l));  // [Hq, T, d]
-    a = a.transpose(0, 1).reshape({T, Hq * d});                    // [T, Hq*d]
-    at::Tensor o = project(a, w.wo, w.bo);                          // [T, hidden]
+    std::vector<at::Tensor> outs;
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor qb = q.select(0, b), kb = k.select(0, b), vb = v.select(0, b).contiguous();  // [H, T, d]
+      if (opt.tap && opt.tap->wants(layer)) opt.tap->on_qkv(layer, qb, kb, vb);
+      at::Tensor a = attns[b]->attend(layer, qb, kb, vb, pos0, cfg.layer_window(l));  // [Hq, T, d]
+      outs.push_back(a.transpose(0, 1).reshape({T, Hq * d}));                      // [T, Hq*d]
+    }
+    at::Tensor a = B == 1 ? outs[0] : at::cat(outs, 0);              // [N, Hq*d]
+    at::Tensor o = project(a, w.wo, w.bo);                          // [N, hidden]
     if (w.attn_post_norm.defined()) o = rms_norm(o, w.attn_post_norm, cfg.rms_norm_eps);
-    x = x + o;                                                      // [T, hidden]
-    at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [T, hidden]
-    at::Tensor g;                                                  // [T, inter]
+    x = x + o;                                                      // [N, hidden]
+    at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [N, hidden]
+    at::Tensor g;                                                  // [N, inter]
     if (opt.fused && w.w_gate_up.defined()) {
-      at::Tensor gu = project(h2, w.w_gate_up);                 // [T, 2*inter]
+      at::Tensor gu = project(h2, w.w_gate_up);                 // [N, 2*inter]
       const int64_t inter = w.w_gate.size(0);
       g = activate(gu.narrow(1, 0, inter), gelu).mul_(gu.narrow(1, inter, inter));
     } else {
       g = activate(project(h2, w.w_gate), gelu) * project(h2, w.w_up);
     }
-    at::Tensor m = project(g, w.w_down);                        // [T, hidden]
+    at::Tensor m = project(g, w.w_down);                        // [N, hidden]
     if (w.ffn_post_norm.defined()) m = rms_norm(m, w.ffn_post_norm, cfg.rms_norm_eps);
-    x = x + m;                                                  // [T, hidden]
+    x = x + m;                                                  // [N, hidden]
   }
   if (!opt.logits) return at::Tensor();
-  if (!opt.all_logits) x = x.narrow(0, T - 1, 1);                  // [1, hidden]
+  if (!opt.all_logits) x = x.view({B, T, x.size(1)}).select(1, T - 1);  // [B, hidden]
   x = rms_norm(x, model.weights.out_norm, cfg.rms_norm_eps);
-  at::Tensor logits = project(x, model.weights.lm_head);         // [T or 1, vocab]
+  at::Tensor logits = project(x, model.weights.lm_head);         // [B*T or B, vocab]
   return model.dtype == at::kDouble ? logits : logits.to(at::kFloat);
+}
+
+}  // namespace
+
+at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
+                   AttentionBackend& attn, const ForwardOptions& opt) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(tokens.dim() == 1 && tokens.numel() > 0, "forward: tokens must be a non-empty 1-D "
+              "tensor, found shape {}", tokens.sizes().vec());
+  return forward_rows(model, tokens.to(model.device, at::kLong), 1, tokens.numel(), pos0, {&attn}, opt);
+}
+
+at::Tensor forward_batch(const Model& model, const at::Tensor& tokens, int64_t pos0,
+                         const std::vector<AttentionBackend*>& attns, const ForwardOptions& opt) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(tokens.dim() == 2 && tokens.size(0) > 0 && tokens.size(1) > 0,
+              "forward_batch: tokens must be [B, T] with B, T > 0, found shape {}", tokens.sizes().vec());
+  KVLAB_CHECK(static_cast<int64_t>(attns.size()) == tokens.size(0),
+              "forward_batch: {} attention backends for {} sequences", attns.size(), tokens.size(0));
+  KVLAB_CHECK(opt.tap == nullptr, "forward_batch: a q/k/v tap sees one sequence; use forward()");
+  for (const AttentionBackend* a : attns) KVLAB_CHECK(a != nullptr, "forward_batch: a null attention backend");
+  at::Tensor ids = tokens.to(model.device, at::kLong).contiguous().view({-1});  // [B*T]
+  return forward_rows(model, ids, tokens.size(0), tokens.size(1), pos0, attns, opt);
 }
 
 std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64_t>& prompt,

@@ -138,6 +138,15 @@ struct ForwardOptions {
 at::Tensor forward(const Model& model, const at::Tensor& tokens, int64_t pos0,
                    AttentionBackend& attn, const ForwardOptions& opt = {});
 
+// B sequences at once (issue 25): tokens int64 [B, T], every sequence at positions pos0 ..
+// pos0+T-1, sequence b attending through attns[b] (each holding exactly pos0 earlier positions of
+// its own). The dense parts (projections, norms, MLP, lm_head) run once over the B*T rows, one GEMM
+// each instead of B; attention runs per sequence over its own cache. Returns logits [B, vocab]
+// (the last position of each; [B*T, vocab] with opt.all_logits). opt.tap must be null.
+// forward() is this with B = 1.
+at::Tensor forward_batch(const Model& model, const at::Tensor& tokens, int64_t pos0,
+                         const std::vector<AttentionBackend*>& attns, const ForwardOptions& opt = {});
+
 struct GenerateOptions {
   int64_t max_new_tokens = 64;
   bool stop_at_eos = true;

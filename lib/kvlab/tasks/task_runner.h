@@ -74,6 +74,9 @@ struct TaskOptions {
   int64_t obs_queries = 256;
   int64_t keep_first = 0;  // prompt positions kept exact before the compressed region (a method's
   int64_t keep_last = 0;   // preset or keep_first/keep_last parameter overrides), inside the budget
+  // A record's branches decode in one batch (generate/branches.h run_branches; the same outputs as
+  // one after another, which false gives).
+  bool batch = true;
   // Called once per record; `resumed`: every branch had it from an earlier run.
   std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
 };
