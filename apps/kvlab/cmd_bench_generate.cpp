@@ -7,6 +7,11 @@
 // (generate/branches.h); `prefills` in the output counts them. The prompt is the first `context`
 // tokens of --text. `exact` (the full cache through the same decode path) is always run first and
 // every ratio column is against it.
+//
+// --branches 1,4,10,20 (issue 25) adds, per context, decode throughput in branch-tokens per second
+// of B branches (the non-exact methods in turn, at the first ratio) decoded one after another
+// (run_branch) and in one batch (run_branches), measured in the same run on the same prefill, with
+// their ratio and whether the ids agree: the `batch` table of result.json.
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -38,6 +43,7 @@ struct GenerateBenchOptions {
   std::vector<int64_t> context = {2048, 4096, 8192};
   std::string method = "exact,h2o,snapkv,streaming_llm,chelsea";
   std::vector<double> ratio = {0.2};
+  std::vector<int64_t> branches;  // --branches: batched vs sequential decoding at these branch counts
   int64_t new_tokens = 64;
   std::string text = "../shared/data/wikitext2/wiki.test.raw";
   int64_t obs_queries = 256;
@@ -54,6 +60,8 @@ struct GenerateBenchOptions {
     f.add("context", context, "prompt lengths in tokens, e.g. 2048,4096,8192");
     f.add("method", method, "comma-separated methods; exact is added first if missing");
     f.add("ratio", ratio, "fraction of the prompt each method keeps, e.g. 0.2");
+    f.add("branches", branches, "also measure decode throughput of this many branches batched vs one after another, "
+          "e.g. 1,4,10,20");
     f.add("new_tokens", new_tokens, "greedy tokens decoded per method (TPOT = the median step; >= 2)");
     f.add("text", text, "the prompt text (its first `context` tokens)");
     f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
@@ -70,6 +78,7 @@ struct GenerateBenchOptions {
     KVLAB_CHECK(new_tokens >= 2, "--new-tokens must be >= 2, got {}", new_tokens);
     KVLAB_CHECK(!context.empty(), "--context: give at least one length");
     for (int64_t c : context) KVLAB_CHECK(c >= 2, "--context {}: must be >= 2", c);
+    for (int64_t b : branches) KVLAB_CHECK(b >= 1 && b <= 256, "--branches {}: must be in [1, 256]", b);
     std::string names = method;
     if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
     require_run_keeps(build_methods(names, param, params), "the bench's own flags");
@@ -83,6 +92,51 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Decode throughput of `nb` branches (the non-exact methods in turn at `budget`; exact if there is
+// none) one after another and in one batch, on the same prefill: branch-tokens decoded per second
+// of decode time (compression excluded; the first token of each branch comes from the prefill).
+nlohmann::json batch_vs_sequential(const Model& model, const Prefill& pre, const std::vector<MethodSpec>& methods,
+                                   const Budget& budget, int64_t nb, int64_t new_tokens, int64_t context) {
+  std::vector<const MethodSpec*> pool;
+  for (const auto& m : methods)
+    if (m.name != "exact") pool.push_back(&m);
+  if (pool.empty()) pool.push_back(&methods.front());
+  std::vector<BranchSpec> specs;
+  std::vector<BranchOptions> opts(static_cast<size_t>(nb));
+  for (int64_t i = 0; i < nb; ++i) {
+    const MethodSpec& m = *pool[static_cast<size_t>(i) % pool.size()];
+    specs.push_back({m, m.name == "exact" ? Budget::of_ratio(1.0) : budget, 0, 0, 0});
+    opts[static_cast<size_t>(i)].max_new_tokens = new_tokens;
+    opts[static_cast<size_t>(i)].stop_at_eos = false;
+  }
+  double seq_s = 0, bat_s = 0;
+  std::vector<std::vector<int64_t>> seq_ids;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    BranchResult r = run_branch(model, pre, specs[i], opts[i]);
+    seq_s += r.decode_seconds;
+    seq_ids.push_back(r.ids);
+  }
+  bool same = true;
+  const std::vector<BranchResult> batched = run_branches(model, pre, specs, opts);
+  for (size_t i = 0; i < batched.size(); ++i) {
+    bat_s += batched[i].decode_seconds;
+    same = same && batched[i].ids == seq_ids[i];
+  }
+  const double tokens = double(nb * (new_tokens - 1));
+  nlohmann::json row = {{"context", context},
+                        {"branches", nb},
+                        {"new_tokens", new_tokens},
+                        {"sequential_tok_s", tokens / std::max(seq_s, 1e-9)},
+                        {"batched_tok_s", tokens / std::max(bat_s, 1e-9)},
+                        {"batched_vs_sequential", seq_s / std::max(bat_s, 1e-9)},
+                        {"same_ids", same}};
+  fmt::print(stderr, "[bench generate] context {}, {} branches: {:.1f} branch-tokens/s one after another, {:.1f} "
+             "batched ({:.2f}x); ids {}\n", context, nb, row["sequential_tok_s"].get<double>(),
+             row["batched_tok_s"].get<double>(), row["batched_vs_sequential"].get<double>(),
+             same ? "identical" : "DIFFER");
+  return row;
 }
 
 void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& effective) {
@@ -111,7 +165,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
   RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
   c10::InferenceMode guard;
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), batch_rows = nlohmann::json::array();
   int prefills = 0;
   for (int64_t c : o.context) {
     std::vector<int64_t> prompt(ids.begin(), ids.begin() + c);
@@ -160,12 +214,17 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
         rows.push_back(row);
         if (m.name == "exact") break;  // one full-cache row per context
       }
+    for (int64_t nb : o.branches) batch_rows.push_back(batch_vs_sequential(model, pre, methods, budgets[0], nb, o.new_tokens, c));
   }
   auto ctx = context_block(o.device, 0, effective);
   ctx["model_id"] = model.id;
-  run.write_result(ctx, rows, {{"prefills", prefills}, {"peak_rss_mib", peak_rss_kib() / 1024.0}, {"complete", true}});
+  run.write_result(ctx, rows, {{"prefills", prefills}, {"peak_rss_mib", peak_rss_kib() / 1024.0}, {"complete", true},
+                               {"batch", batch_rows}});
   std::cout << render_table(rows, {"context", "method", "setting", "ttft_s", "compress_ms", "tpot_ms", "tpot_vs_exact",
                                    "kv_vs_exact", "rss_mib"});
+  if (!batch_rows.empty())
+    std::cout << "\n" << render_table(batch_rows, {"context", "branches", "sequential_tok_s", "batched_tok_s",
+                                                   "batched_vs_sequential", "same_ids"});
   fmt::print("prefills: {} (one per context, shared by {} methods); peak RSS {:.0f} MiB\n", prefills, methods.size(),
              peak_rss_kib() / 1024.0);
   fmt::print(stderr, "[bench generate] wrote {}\n", run.file("result.json"));
