@@ -25,6 +25,25 @@ KVSet concat(const KVSet& a, const KVSet& b) {
 }
 }  // namespace
 
+namespace {
+// Appends x_new [H, t, ...] to `live` [H, m, ...] along dim 1: in place when `live` is the first m
+// entries of `buf` and t more fit there; otherwise `live` moves into a new buffer with room for
+// twice as many. `live` is then buf's first m + t entries.
+void grow(at::Tensor& buf, at::Tensor& live, const at::Tensor& x_new) {
+  const int64_t m = live.size(1), t = x_new.size(1);
+  const bool in_place = buf.defined() && buf.data_ptr() == live.data_ptr() && buf.size(1) >= m + t &&
+                        buf.stride(1) == live.stride(1) && buf.stride(0) == live.stride(0);
+  if (!in_place) {
+    std::vector<int64_t> shape = live.sizes().vec();
+    shape[1] = std::max<int64_t>(2 * (m + t), 64);
+    buf = at::empty(shape, live.options());
+    buf.narrow(1, 0, m).copy_(live);
+  }
+  buf.narrow(1, m, t).copy_(x_new);
+  live = buf.narrow(1, 0, m + t);
+}
+}  // namespace
+
 int64_t CompressedLayer::bytes() const {
   int64_t ragged_bytes = 0;
   for (const auto& s : heads) ragged_bytes += set_bytes(s);
@@ -249,10 +268,14 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
   } else {
     if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
-    append_exact(l.num, k_new, v_new, pos0);
-    const auto lopt = k_new.options().dtype(at::kLong);
-    l.origin = at::cat({l.origin, at::arange(pos0, pos0 + k_new.size(1), lopt).unsqueeze(0).expand(
-                                      {k_new.size(0), k_new.size(1)})}, 1);
+    // The decoded tokens, exact (bias 0), written into the layer's room (no copy of the set).
+    const int64_t h = k_new.size(0), t = k_new.size(1);
+    const at::Tensor new_pos = at::arange(pos0, pos0 + t, l.num.pos.options()).unsqueeze(0).expand({h, t});  // [Hkv, T]
+    grow(l.room.keys, l.num.keys, k_new);
+    grow(l.room.values, l.num.values, v_new);
+    grow(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
+    grow(l.room.pos, l.num.pos, new_pos);
+    grow(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
     if (l.has_den()) append_exact(l.den, k_new, at::Tensor(), pos0);
     ao.logit_scale = l.logit_scale;
     out = attention(q, l.num, l.has_den() ? &l.den : nullptr, ao);

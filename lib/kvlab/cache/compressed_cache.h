@@ -48,6 +48,14 @@ struct CompressedLayer {
   // > 0: an exact sliding-window layer (window_layer below): `num` holds only the positions a
   // later query can still see, pos > n_positions - window, and drops the older ones each step.
   int64_t window = 0;
+  // Room to grow (issue 25): after the first decoded token `num` (keys, values, bias, pos) and
+  // `origin` are views of the first entries of these buffers, so a decoded token is written in
+  // place rather than the whole set copied (at::cat) every step; a buffer doubles when full. A
+  // `num` replaced by anything else is simply moved into new buffers at the next append. bytes()
+  // counts the entries held, not the spare room (at most as many again).
+  struct Room {
+    at::Tensor keys, values, bias, pos, origin;
+  } room;
 
   bool has_den() const { return den.keys.defined(); }
   bool ragged() const { return !heads.empty(); }
