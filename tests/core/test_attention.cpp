@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/blocked_attention.h"
+#include "kvlab/attention/decode_attention.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -188,4 +190,47 @@ TEST_CASE("exact attention probabilities sum to one and respect causality") {
   CHECK(at::allclose(p.sum(-1), at::ones({4, 6}), 1e-5, 1e-5));
   // query 0 sits at position 14: keys 15..19 get nothing.
   CHECK(p.index({at::indexing::Slice(), 0, at::indexing::Slice(15, 20)}).abs().max().item<float>() == 0);
+}
+
+TEST_CASE("one-query attention (the decode path) equals the blocked attention: bias, padding, positions, window, views") {
+  // issue 25: attention() takes attention_one_query for one query position on the CPU in float32.
+  at::manual_seed(11);
+  const int64_t h_kv = 3, g = 3, d = 16, n = 37;
+  for (int variant = 0; variant < 6; ++variant) {
+    CAPTURE(variant);
+    // The keys/values as views into larger buffers (the compressed cache's room), as in decoding.
+    at::Tensor kbuf = at::randn({h_kv, 64, d}), vbuf = at::randn({h_kv, 64, d});
+    KVSet s;
+    s.keys = kbuf.narrow(1, 0, n);
+    s.values = vbuf.narrow(1, 0, n);
+    at::Tensor q = at::randn({h_kv * g, 1, d});
+    AttentionOptions o;
+    if (variant >= 1) {
+      s.bias = at::randn({h_kv, n}) * 0.5;
+      s.bias.select(0, 1).narrow(0, 5, 4).fill_(-std::numeric_limits<double>::infinity());  // head 1's padding
+    }
+    if (variant >= 2) {
+      s.pos = at::arange(n, at::kLong).unsqueeze(0).expand({h_kv, n}).contiguous();
+      s.pos.select(1, 3).fill_(-1);  // a merged entry
+      o.query_pos = at::full({1}, n - 1, at::kLong);
+    }
+    if (variant == 3) o.query_pos = at::full({1}, n - 10, at::kLong);  // later keys masked
+    if (variant == 4) o.window = 8;                                    // sliding window
+    if (variant == 5) {
+      o.logit_scale = 1.7;
+      o.scale = 0.3;
+      s.pos = at::arange(n, at::kLong);  // one position row for every head
+    }
+    REQUIRE(one_query_applies(q, s, nullptr));
+    at::Tensor fast = attention(q, s, nullptr, o), ref = attention_blocked(q, s, nullptr, o);
+    CHECK(fast.sizes() == ref.sizes());
+    CHECK((fast - ref).abs().max().item<double>() < 1e-5);
+  }
+  // What it does not take goes through the blocked path: several queries, float64, a denominator set.
+  KVSet s;
+  s.keys = at::randn({2, 9, 8});
+  s.values = at::randn({2, 9, 8});
+  CHECK_FALSE(one_query_applies(at::randn({4, 2, 8}), s, nullptr));
+  CHECK_FALSE(one_query_applies(at::randn({4, 1, 8}, at::kDouble), s, nullptr));
+  CHECK_FALSE(one_query_applies(at::randn({4, 1, 8}), s, &s));
 }

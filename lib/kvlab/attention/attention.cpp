@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kvlab/attention/blocked_attention.h"
+#include "kvlab/attention/decode_attention.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
 
@@ -38,6 +39,9 @@ at::Tensor set_scores(const at::Tensor& qg, const KVSet& set, double scale, doub
 
 at::Tensor attention(const at::Tensor& q, const KVSet& num, const KVSet* den,
                      const AttentionOptions& opt) {
+  // One query position on the CPU in float32 (every decode step): plain loops, no ATen op per
+  // step (decode_attention.h); everything else through key tiles.
+  if (one_query_applies(q, num, den)) return attention_one_query(q, num, opt);
   return attention_blocked(q, num, den, opt);
 }
 

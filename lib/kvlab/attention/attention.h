@@ -29,7 +29,8 @@ struct AttentionOptions {
 
 // q [n_q_heads, n_q, head_dim] -> [n_q_heads, n_q, head_dim] in q's dtype.
 // `den`, when given, replaces the numerator set in the denominator (SubGen, BalanceKV theory).
-// Runs attention_blocked() (blocked_attention.h: key tiles, online softmax).
+// Runs attention_one_query() for one query position in float32 on the CPU (decode_attention.h),
+// attention_blocked() (blocked_attention.h: key tiles, online softmax) otherwise.
 at::Tensor attention(const at::Tensor& q, const KVSet& num, const KVSet* den = nullptr,
                      const AttentionOptions& opt = {});
 
