@@ -86,7 +86,9 @@ double CompressedLayer::live_entries() const {
     for (const auto& s : heads) e += double(s.keys.size(1));
     return e / double(heads.size());
   }
+  if (!stream && live_count >= 0) return live_count;
   at::Tensor n = live_per_head(num);
+  if (!stream) return live_count = n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
   if (stream) {
     at::Tensor h = live_per_head(stream->held());
     n = n.defined() && n.numel() ? n + h : h;
@@ -227,6 +229,7 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     // Exact, through the window; then only what the next query still sees stays.
     append_exact(l.num, k_new, v_new, pos0);
     l.origin = l.num.pos.clone();
+    if (l.live_count >= 0) l.live_count += double(k_new.size(1));
     ao.window = l.window;
     out = attention(q, l.num, nullptr, ao);
     peak_[layer] = std::max(peak_[layer], l.bytes());
@@ -239,6 +242,7 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
       l.num.bias = l.num.bias.narrow(1, drop, m - drop).contiguous();
       l.num.pos = l.num.pos.narrow(1, drop, m - drop).contiguous();
       l.origin = l.num.pos.clone();
+      l.live_count = -1;
     }
   } else if (l.stream) {
     l.stream->push(k_new, v_new, pos0);
@@ -276,6 +280,7 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     grow(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
     grow(l.room.pos, l.num.pos, new_pos);
     grow(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
+    if (l.live_count >= 0) l.live_count += double(t);  // exact entries, bias 0: live in every head
     if (l.has_den()) append_exact(l.den, k_new, at::Tensor(), pos0);
     ao.logit_scale = l.logit_scale;
     out = attention(q, l.num, l.has_den() ? &l.den : nullptr, ao);
