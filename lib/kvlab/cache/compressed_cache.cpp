@@ -44,6 +44,23 @@ void grow(at::Tensor& buf, at::Tensor& live, const at::Tensor& x_new) {
 }
 }  // namespace
 
+namespace {
+// The decoded tokens k_new, v_new [Hkv, T, d] at pos0.. appended exactly (bias 0) to the layer's
+// numerator set and origins, written into its room (no copy of the set); each adds one live entry
+// per head.
+void append_decoded(CompressedLayer& l, const at::Tensor& k_new, const at::Tensor& v_new, int64_t pos0) {
+  if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
+  const int64_t h = k_new.size(0), t = k_new.size(1);
+  const at::Tensor new_pos = at::arange(pos0, pos0 + t, l.num.pos.options()).unsqueeze(0).expand({h, t});  // [Hkv, T]
+  grow(l.room.keys, l.num.keys, k_new);
+  grow(l.room.values, l.num.values, v_new);
+  grow(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
+  grow(l.room.pos, l.num.pos, new_pos);
+  grow(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
+  if (l.live_count >= 0) l.live_count += double(t);
+}
+}  // namespace
+
 int64_t CompressedLayer::bytes() const {
   int64_t ragged_bytes = 0;
   for (const auto& s : heads) ragged_bytes += set_bytes(s);
@@ -89,10 +106,8 @@ double CompressedLayer::live_entries() const {
   if (!stream && live_count >= 0) return live_count;
   at::Tensor n = live_per_head(num);
   if (!stream) return live_count = n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
-  if (stream) {
-    at::Tensor h = live_per_head(stream->held());
-    n = n.defined() && n.numel() ? n + h : h;
-  }
+  at::Tensor h = live_per_head(stream->held());
+  n = n.defined() && n.numel() ? n + h : h;
   return n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
 }
 
@@ -189,9 +204,11 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
   return out;
 }
 
+int64_t window_held(int64_t n, int64_t window) { return window > 0 ? std::min(n, window - 1) : n; }
+
 CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t window) {
   KVLAB_CHECK(window > 0, "window_layer: window must be > 0, got {}", window);
-  const int64_t n = k.size(1), first = std::max<int64_t>(0, n - window + 1);
+  const int64_t n = k.size(1), first = n - window_held(n, window);
   CompressedLayer out;
   out.window = window;
   out.n_positions = n;
@@ -227,15 +244,13 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
   at::Tensor out;
   if (l.window > 0) {
     // Exact, through the window; then only what the next query still sees stays.
-    append_exact(l.num, k_new, v_new, pos0);
-    l.origin = l.num.pos.clone();
-    if (l.live_count >= 0) l.live_count += double(k_new.size(1));
+    append_decoded(l, k_new, v_new, pos0);
     ao.window = l.window;
     out = attention(q, l.num, nullptr, ao);
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
     const int64_t m = l.num.keys.size(1);
-    const int64_t drop = std::min<int64_t>(m, std::max<int64_t>(0, m - (l.window - 1)));  // entries are in position order
+    const int64_t drop = m - window_held(m, l.window);  // entries are in position order
     if (drop > 0) {
       l.num.keys = l.num.keys.narrow(1, drop, m - drop).contiguous();
       l.num.values = l.num.values.narrow(1, drop, m - drop).contiguous();
@@ -271,16 +286,7 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
   } else {
-    if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
-    // The decoded tokens, exact (bias 0), written into the layer's room (no copy of the set).
-    const int64_t h = k_new.size(0), t = k_new.size(1);
-    const at::Tensor new_pos = at::arange(pos0, pos0 + t, l.num.pos.options()).unsqueeze(0).expand({h, t});  // [Hkv, T]
-    grow(l.room.keys, l.num.keys, k_new);
-    grow(l.room.values, l.num.values, v_new);
-    grow(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
-    grow(l.room.pos, l.num.pos, new_pos);
-    grow(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
-    if (l.live_count >= 0) l.live_count += double(t);  // exact entries, bias 0: live in every head
+    append_decoded(l, k_new, v_new, pos0);
     if (l.has_den()) append_exact(l.den, k_new, at::Tensor(), pos0);
     ao.logit_scale = l.logit_scale;
     out = attention(q, l.num, l.has_den() ? &l.den : nullptr, ao);

@@ -105,6 +105,9 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
 // positions, the ones the next query (position n) still sees. Mistral-style models, whose every
 // layer slides, are compressed instead (within the window; see CompressedAttention::attend).
 CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t window);
+// The positions an exact window layer holds after n of them: min(n, window - 1); all n when
+// window is 0 (what window_layer keeps, and what exact-cache byte counts charge such a layer).
+int64_t window_held(int64_t n, int64_t window);
 
 class CompressedAttention : public AttentionBackend {
  public:

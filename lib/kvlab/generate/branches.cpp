@@ -35,8 +35,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int64_t Prefill::exact_kv_bytes() const {
   int64_t b = 0;
   for (size_t l = 0; l < k.size(); ++l) {
-    const int64_t n = k[l].size(1), w = l < windows.size() ? windows[l] : 0;
-    const int64_t held = w > 0 ? std::min(n, w - 1) : n;
+    const int64_t n = k[l].size(1), held = window_held(n, l < windows.size() ? windows[l] : 0);
     b += n > 0 ? (k[l].nbytes() + v[l].nbytes()) / n * held : 0;
   }
   return b;
@@ -75,7 +74,7 @@ Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int6
   for (int64_t l = 0; l < n_layers; ++l) {
     p.k.push_back(attn.keys(l).clone());    // [Hkv, n, d]
     p.v.push_back(attn.values(l).clone());  // [Hkv, n, d]
-    p.windows.push_back(model.config.interleaved_windows() ? model.config.layer_window(l) : 0);
+    p.windows.push_back(model.config.held_window(l));
   }
   p.seconds = seconds_since(t0);
   return p;
@@ -125,7 +124,6 @@ class BranchRun {
     pos = static_cast<int64_t>(prefill.prompt.size());
   }
   CompressedAttention& attn() { return attn_; }
-  const BranchOptions& opt() const { return opt_; }
   // A cache that compresses while decoding takes the suffix token by token, as it takes every token
   // that arrives (its streams push one token a step).
   int64_t suffix_step() const { return attn_.streams() ? 1 : static_cast<int64_t>(opt_.suffix.size()); }

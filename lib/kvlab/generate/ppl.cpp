@@ -32,8 +32,8 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
     layer.num.bias = at::zeros({c.n_kv_heads, 0}, opts);
     layer.num.pos = at::zeros({c.n_kv_heads, 0}, opts.dtype(at::kLong));
     layer.origin = layer.num.pos.clone();
-    if (c.interleaved_windows() && c.layer_window(l) > 0) {
-      layer.window = c.layer_window(l);  // gemma3's sliding layers: an exact window for every method
+    if (c.held_window(l) > 0) {
+      layer.window = c.held_window(l);  // gemma3's sliding layers: an exact window for every method
     } else if (b.method.name != "exact") {
       LayerKV empty;
       empty.keys = none, empty.values = none;
@@ -128,9 +128,8 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
   int64_t exact_bytes = 0;
   for (int64_t l = 0; l < model.config.n_layers; ++l) {
     // A sliding layer of an interleaved model (gemma3) holds only its window, as transformers' cache.
-    const int64_t held = exact.keys(l).size(1), w = model.config.interleaved_windows() ? model.config.layer_window(l) : 0;
-    const int64_t kept = w > 0 ? std::min(held, w - 1) : held;
-    if (held > 0) exact_bytes += (exact.keys(l).nbytes() + exact.values(l).nbytes()) / held * kept;
+    const int64_t n = exact.keys(l).size(1), held = window_held(n, model.config.held_window(l));
+    if (n > 0) exact_bytes += (exact.keys(l).nbytes() + exact.values(l).nbytes()) / n * held;
   }
   res.full.kv_bytes_peak = exact_bytes;
   for (size_t b = 0; b < branches.size(); ++b) {

@@ -63,6 +63,9 @@ struct ModelConfig {
   // Whether some layers slide and others attend globally (gemma3; qwen2 with max_window_layers):
   // such a model's sliding layers are held as exact windows, never compressed.
   bool interleaved_windows() const;
+  // The window of layer l when it is held as an exact window (a sliding layer of an interleaved
+  // model), else 0 (a layer methods compress).
+  int64_t held_window(int64_t l) const { return interleaved_windows() ? layer_window(l) : 0; }
   // The factor the forward multiplies q by (1 unless query_pre_attn_scalar is set).
   double query_scale() const;
   // Throws kvlab::Error naming `source` if a field is missing or inconsistent.
