@@ -26,12 +26,13 @@ Usage (venv with torch, transformers, gguf, safetensors; model from data_scripts
 """
 import argparse
 import glob
-import hashlib
 import json
 import os
 import sys
 
 import torch
+
+from make_smollm2_golden import sha256  # the same file hash as the SmolLM2 golden (this folder)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get("KVLAB_SHARED", os.path.join(REPO, "..", "shared"))
@@ -44,14 +45,6 @@ TOPK = 16           # top-k logits at every position
 GREEDY = 16         # greedy ids after the prompt (decoded past the window)
 LAYERS = [0, 5]     # q/k/v: a sliding layer and a global one
 POS_STRIDE = 16     # q/k/v positions: 0, 16, 32, ... plus the last one
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main():

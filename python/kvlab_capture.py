@@ -563,9 +563,11 @@ def capture(args):
         rope_function(a)
         scaling = float(getattr(a, "scaling", hd ** -0.5))
         q_fold[i] = scaling * math.sqrt(hd)
-    if any(abs(f - 1.0) > 1e-6 for f in q_fold.values()):
-        note(f"the model scales scores by {scaling:g}, not 1/sqrt(head_dim) = {hd ** -0.5:g}: q is stored times "
-             f"{scaling * math.sqrt(hd):g} so that replay's 1/sqrt(head_dim) gives the model's attention")
+    folded = {i: f for i, f in q_fold.items() if abs(f - 1.0) > 1e-6}
+    if folded:
+        i, f = next(iter(folded.items()))
+        note(f"layer {i} scales scores by {f * hd ** -0.5:g}, not 1/sqrt(head_dim) = {hd ** -0.5:g}: q is stored "
+             f"times {f:g} ({len(folded)} layers folded) so that replay's 1/sqrt(head_dim) gives the model's attention")
     # A capture records no attention window (replay's exact reference is full causal attention), so
     # a sliding layer is captured only for prompts within its window, as `kvlab dump` does:
     # --layers all leaves such layers out when others attend globally (gemma3), and says so.

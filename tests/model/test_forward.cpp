@@ -67,6 +67,65 @@ std::string model_gguf(const std::string& name) {
   return "";
 }
 
+// A golden file of data_scripts/make_{smollm2,gemma3}_golden.py: golden.json and golden.safetensors.
+struct Golden {
+  nlohmann::json meta;
+  SafetensorsFile tensors;
+  explicit Golden(const std::string& dir)
+      : meta(read_json_file(dir + "/golden.json")), tensors(dir + "/golden.safetensors") {}
+  at::Tensor get(const std::string& name) const {
+    const TensorView* v = tensors.find(name);
+    REQUIRE_MESSAGE(v != nullptr, "golden.safetensors lacks " << name);
+    return tensor_from_view(*v, at::kFloat);
+  }
+};
+
+// The forward pass over the golden prompt (token_ids) through `attn`, checked against the golden
+// file: the argmax at every position, the top-k logits at every position (max abs <= 1e-3), and
+// q/k/v of the golden layers at the golden positions (relative L2 <= 1e-4). Returns the logits
+// [T, vocab] for the caller's own checks of full rows. `name` labels the messages.
+at::Tensor check_golden_forward(const Model& m, const Golden& g, ExactAttention& attn, const std::string& name) {
+  const nlohmann::json& meta = g.meta;
+  const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+  const int64_t T = static_cast<int64_t>(ids.size());
+  RecordTap tap;
+  tap.layers = meta["layers"].get<std::vector<int>>();
+  ForwardOptions fo;
+  fo.all_logits = true;
+  fo.tap = &tap;
+  at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
+
+  const auto argmax = meta["argmax"].get<std::vector<int64_t>>();
+  at::Tensor ours = logits.argmax(-1);  // [T]
+  int64_t n_diff = 0;
+  for (int64_t t = 0; t < T; ++t) n_diff += ours[t].item<int64_t>() != argmax[t];
+  CHECK_MESSAGE(n_diff == 0, n_diff << " of " << T << " positions have a different argmax");
+
+  const int64_t topk = meta["topk"].get<int64_t>();
+  std::vector<int64_t> flat;
+  for (const auto& row : meta["topk_ids"]) for (int64_t id : row) flat.push_back(id);
+  at::Tensor idx = at::tensor(flat, at::kLong).view({T, topk});  // [T, topk]
+  const double d_topk = max_abs(logits.gather(1, idx), g.get("topk_logits"));
+  MESSAGE(name << " logits: max abs diff top-" << topk << " (all positions) = " << d_topk);
+  CHECK(d_topk <= 1e-3);
+
+  at::Tensor pos = at::tensor(meta["positions"].get<std::vector<int64_t>>(), at::kLong);
+  for (int layer : tap.layers) {
+    REQUIRE(tap.got.count(layer));
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i) {
+      const std::string key = fmt::format("layer_{:02d}_{}", layer, names[i]);
+      at::Tensor ref = g.get(key);                           // [H, n_pos, d]
+      at::Tensor got = tap.got[layer][i].index_select(1, pos);  // [H, n_pos, d]
+      REQUIRE(got.sizes().vec() == ref.sizes().vec());
+      const double err = rel_l2(got, ref);
+      MESSAGE(key << ": relative L2 error = " << err << ", max abs = " << max_abs(got, ref));
+      CHECK(err <= 1e-4);
+    }
+  }
+  return logits;
+}
+
 }  // namespace
 
 TEST_CASE("stories260K greedy decode matches reference_greedy.json exactly") {
@@ -366,68 +425,23 @@ TEST_CASE("SmolLM2-135M GGUF matches transformers (golden file)" * doctest::skip
     MESSAGE("skipped: no SmolLM2 GGUF under models/smollm2-135m (run data_scripts/get_smollm2.sh)");
     return;
   }
-  const std::string dir = test::fixtures_dir() + "/smollm2_golden";
-  nlohmann::json meta = read_json_file(dir + "/golden.json");
-  SafetensorsFile golden(dir + "/golden.safetensors");
-  auto gt = [&](const std::string& name) {
-    const TensorView* v = golden.find(name);
-    REQUIRE_MESSAGE(v != nullptr, "golden.safetensors lacks " << name);
-    return tensor_from_view(*v, at::kFloat);
-  };
+  Golden g(test::fixtures_dir() + "/smollm2_golden");
+  const nlohmann::json& meta = g.meta;
   c10::InferenceMode guard;
   Model m = load_model(gguf);
   REQUIRE(m.config.n_layers == 30);
   REQUIRE(m.config.n_q_heads == meta["n_q_heads"].get<int64_t>());
   REQUIRE(m.config.n_kv_heads == meta["n_kv_heads"].get<int64_t>());
   REQUIRE(m.config.head_dim == meta["head_dim"].get<int64_t>());
-
-  const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
-  const int64_t T = static_cast<int64_t>(ids.size());
+  const int64_t T = static_cast<int64_t>(meta["token_ids"].size());
   REQUIRE(T >= 200);
-  RecordTap tap;
-  tap.layers = meta["layers"].get<std::vector<int>>();
   ExactAttention attn(m.config.n_layers);
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.tap = &tap;
-  at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
-
-  // Argmax at every position.
-  const auto argmax = meta["argmax"].get<std::vector<int64_t>>();
-  at::Tensor ours = logits.argmax(-1);  // [T]
-  int64_t n_diff = 0;
-  for (int64_t t = 0; t < T; ++t) n_diff += ours[t].item<int64_t>() != argmax[t];
-  CHECK_MESSAGE(n_diff == 0, n_diff << " of " << T << " positions have a different argmax");
-
-  // Top-k logits at every position, full logits of the tail.
-  const int64_t topk = meta["topk"].get<int64_t>();
-  std::vector<int64_t> flat;
-  for (const auto& row : meta["topk_ids"]) for (int64_t id : row) flat.push_back(id);
-  at::Tensor idx = at::tensor(flat, at::kLong).view({T, topk});   // [T, topk]
-  const double d_topk = max_abs(logits.gather(1, idx), gt("topk_logits"));
+  // Argmax and top-k logits at every position, q/k/v at the sliced positions; full logits of the tail.
+  at::Tensor logits = check_golden_forward(m, g, attn, "SmolLM2");  // [T, vocab]
   const int64_t n_tail = meta["n_tail"].get<int64_t>();
-  const double d_tail = max_abs(logits.narrow(0, T - n_tail, n_tail), gt("logits_tail"));
-  MESSAGE("SmolLM2 logits: max abs diff top-" << topk << " (all positions) = " << d_topk
-          << ", full vocab (last " << n_tail << ") = " << d_tail);
-  CHECK(d_topk <= 1e-3);
+  const double d_tail = max_abs(logits.narrow(0, T - n_tail, n_tail), g.get("logits_tail"));
+  MESSAGE("SmolLM2 logits: max abs diff, full vocab (last " << n_tail << ") = " << d_tail);
   CHECK(d_tail <= 1e-3);
-
-  // q/k/v at the sliced positions.
-  at::Tensor pos = at::tensor(meta["positions"].get<std::vector<int64_t>>(), at::kLong);
-  for (int layer : tap.layers) {
-    REQUIRE(tap.got.count(layer));
-    const auto& qkv = tap.got[layer];
-    const char* names[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; ++i) {
-      const std::string key = fmt::format("layer_{:02d}_{}", layer, names[i]);
-      at::Tensor ref = gt(key);                    // [H, n_pos, d]
-      at::Tensor got = qkv[i].index_select(1, pos);  // [H, n_pos, d]
-      REQUIRE(got.sizes().vec() == ref.sizes().vec());
-      const double err = rel_l2(got, ref);
-      MESSAGE(key << ": relative L2 error = " << err << ", max abs = " << max_abs(got, ref));
-      CHECK(err <= 1e-4);
-    }
-  }
 }
 
 TEST_CASE("tiny HF architectures match transformers (qwen2, llama3 rope + bias, linear rope, mistral, qwen3, phi3)") {
@@ -577,14 +591,8 @@ TEST_CASE("Gemma-3-270M GGUF matches transformers (golden file)" * doctest::skip
     MESSAGE("skipped: no Gemma-3-270M GGUF under models/gemma3-270m (run data_scripts/get_gemma3_270m.sh)");
     return;
   }
-  const std::string dir = test::fixtures_dir() + "/gemma3_golden";
-  nlohmann::json meta = read_json_file(dir + "/golden.json");
-  SafetensorsFile golden(dir + "/golden.safetensors");
-  auto gt = [&](const std::string& name) {
-    const TensorView* v = golden.find(name);
-    REQUIRE_MESSAGE(v != nullptr, "golden.safetensors lacks " << name);
-    return tensor_from_view(*v, at::kFloat);
-  };
+  Golden g(test::fixtures_dir() + "/gemma3_golden");
+  const nlohmann::json& meta = g.meta;
   c10::InferenceMode guard;
   Model m = load_model(gguf);
   REQUIRE(m.config.architecture == "gemma3");
@@ -603,39 +611,11 @@ TEST_CASE("Gemma-3-270M GGUF matches transformers (golden file)" * doctest::skip
   const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
   const int64_t T = static_cast<int64_t>(ids.size());
   REQUIRE(T > m.config.sliding_window);
-  RecordTap tap;
-  tap.layers = meta["layers"].get<std::vector<int>>();
   ExactAttention attn(m.config.n_layers);
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.tap = &tap;
-  at::Tensor logits = forward(m, at::tensor(ids, at::kLong), 0, attn, fo);  // [T, vocab]
-  const auto argmax = meta["argmax"].get<std::vector<int64_t>>();
-  at::Tensor ours = logits.argmax(-1);  // [T]
-  int64_t n_diff = 0;
-  for (int64_t t = 0; t < T; ++t) n_diff += ours[t].item<int64_t>() != argmax[t];
-  CHECK_MESSAGE(n_diff == 0, n_diff << " of " << T << " positions have a different argmax");
-  const int64_t topk = meta["topk"].get<int64_t>();
-  std::vector<int64_t> flat;
-  for (const auto& row : meta["topk_ids"]) for (int64_t id : row) flat.push_back(id);
-  at::Tensor idx = at::tensor(flat, at::kLong).view({T, topk});  // [T, topk]
-  const double d_topk = max_abs(logits.gather(1, idx), gt("topk_logits"));
-  const double d_last = max_abs(logits.select(0, T - 1), gt("logits_last"));
-  MESSAGE("Gemma-3-270M logits: max abs diff top-" << topk << " (all positions) = " << d_topk
-          << ", full vocab (last position) = " << d_last);
-  CHECK(d_topk <= 1e-3);
+  at::Tensor logits = check_golden_forward(m, g, attn, "Gemma-3-270M");  // [T, vocab]
+  const double d_last = max_abs(logits.select(0, T - 1), g.get("logits_last"));
+  MESSAGE("Gemma-3-270M logits: max abs diff, full vocab (last position) = " << d_last);
   CHECK(d_last <= 1e-3);
-  at::Tensor pos = at::tensor(meta["positions"].get<std::vector<int64_t>>(), at::kLong);
-  for (int layer : tap.layers) {
-    REQUIRE(tap.got.count(layer));
-    const char* names[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; ++i) {
-      const std::string key = fmt::format("layer_{:02d}_{}", layer, names[i]);
-      const double err = rel_l2(tap.got[layer][i].index_select(1, pos), gt(key));
-      MESSAGE(key << ": relative L2 error = " << err);
-      CHECK(err <= 1e-4);
-    }
-  }
   // Greedy ids decoded through the exact cache, past the window.
   GenerateOptions go;
   go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
