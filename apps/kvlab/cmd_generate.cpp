@@ -97,11 +97,14 @@ struct GenerateCmdOptions {
 
 // --method: one prefill, one branch per (method, budget); streams each branch's text as it comes.
 void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
-                  const Tokenizer* tok, const std::vector<MethodSpec>& methods, const std::vector<Budget>& budgets) {
+                  const Tokenizer* tok, const std::string& template_name, const std::vector<MethodSpec>& methods,
+                  const std::vector<Budget>& budgets) {
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   const int64_t n_obs = check_observation_queries(compressors, o.obs_queries);  // -1 = every prompt query
   Prefill prefill = run_prefill(model, prompt_ids, n_obs < 0 ? int64_t(prompt_ids.size()) : n_obs);
+  if (tok)  // kvzip's repeat prompt, in the chat template the prompt was built with
+    prefill.reconstruction = reconstruction_prompt(*tok, template_name);
   fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
              prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
@@ -161,11 +164,14 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       std::fflush(stdout);
     }
     fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
-               "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; compress {:.1f} ms, {} tokens in "
+               "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; {}compress {:.1f} ms, {} tokens in "
                "{:.2f} s{}\n", m.name, b.label(), r.kv_bytes / 1048576.0,
                double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.entries_start,
-               r.entries_peak, r.compress_ms, r.ids.size(), r.decode_seconds,
-               o.no_batch ? "" : " (its share of the batched steps)");
+               r.entries_peak,
+               r.reconstruction_seconds > 0
+                   ? fmt::format("context reconstruction (a second prefill) {:.2f} s, ", r.reconstruction_seconds)
+                   : std::string(),
+               r.compress_ms, r.ids.size(), r.decode_seconds, o.no_batch ? "" : " (its share of the batched steps)");
     if (bos[i].keep_kept) {
       nlohmann::json k = m.describe(o.keep_first, o.keep_last);
       k["setting"] = b.to_json();
@@ -181,7 +187,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                         {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
                         {"kv_bytes_window_layers", r.kv_bytes_window},
                         {"exact_kv_bytes", prefill.exact_kv_bytes()}, {"compress_ms", r.compress_ms},
-                        {"decode_seconds", r.decode_seconds}};
+                        {"reconstruction_seconds", r.reconstruction_seconds}, {"decode_seconds", r.decode_seconds}};
     const nlohmann::json setting = b.to_json();
     for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
     branches.push_back(j);
@@ -264,7 +270,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
              n_parameters(model) / 1e6, o.dtype, model.device.str(), load_s, prompt_ids.size(),
              template_name);
 
-  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get(), methods, budgets);
+  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get(), template_name, methods, budgets);
   ExactAttention attn(model.config.n_layers);
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;

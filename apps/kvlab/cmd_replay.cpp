@@ -125,7 +125,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
       const bool decodes = streams_while_decoding(info.name);
       fmt::print("{:<16} {:<9} {}{}{}\n", info.name, decodes ? "streaming" : "prefill", info.description,
                  info.streaming && !decodes ? " [streams in its paper; kvlab's decode-time stream not built yet]" : "",
-                 info.needs_out_proj ? " [not in replay: needs the model's W_o]" : "");
+                 info.needs_out_proj         ? " [not in replay: needs the model's W_o]"
+                 : info.needs_reconstruction ? " [not in replay: needs a second prefill through the model]"
+                                             : "");
       const MethodPreset p = info.paper();
       std::string keep = p.keep_first || p.keep_last
                              ? fmt::format(" + exact {} first / {} last", p.keep_first, p.keep_last) : "";

@@ -276,18 +276,23 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   std::istringstream lines(listed.out);
   size_t n_listed = 0, n_no_replay = 0;
   // One line a method, then its paper preset's line (indented). --method all leaves out the methods
-  // that need the model's weights (criticalkv), and naming one is an error naming --method.
+  // that need the model (criticalkv its weights, kvzip a second prefill), and naming one is an error
+  // naming --method.
   for (std::string line; std::getline(lines, line);) {
     n_listed += !line.empty() && line[0] != ' ';
-    n_no_replay += line.find("[not in replay: needs the model's W_o]") != std::string::npos;
+    n_no_replay += line.find("[not in replay: needs") != std::string::npos;
   }
-  CHECK(n_no_replay == 1);
+  CHECK(n_no_replay == 2);
   CHECK(methods.size() == n_listed - n_no_replay);
   CHECK(n_listed >= 17);
   auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +
                         dir + "/rep_crit");
   CHECK(crit.code != 0);
   CHECK(crit.out.find("--method criticalkv:knorm: needs the layer's output projection W_o") != std::string::npos);
+  auto zip = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method kvzip --ratio 0.5 --out " + dir +
+                       "/rep_zip");
+  CHECK(zip.code != 0);
+  CHECK(zip.out.find("--method kvzip: needs a second prefill through the model") != std::string::npos);
 }
 
 TEST_CASE("cli: ppl streams each method's cache from the first token (stories260K)") {
@@ -656,6 +661,36 @@ TEST_CASE("cli: token counts that overflow int64 or pass the context are one-lin
                   "with the question and the chat template");
   // Duplicate cells wrote one prediction and counted two.
   check_one_error(run_kvlab(niah + " --lengths 300 --depths 50,50"), "--depths: 50 is listed twice");
+}
+
+TEST_CASE("cli: kvzip runs in a task command and in generate, its second prefill timed (issue 22)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_kvzip");
+  for (const std::string protocol : {"whole", "context"}) {
+    INFO("protocol " << protocol);
+    auto r = run_kvlab("niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                       "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --method exact,kvzip --ratio 0.5 "
+                       "--max-new-tokens 4 --quiet --protocol " + protocol + " --out " + dir + "/" + protocol);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    std::ifstream in(dir + "/" + protocol + "/pred/kvzip_ratio0.5/niah.jsonl");
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j["reconstruction_seconds"].get<double>() > 0);
+    CHECK(j["seconds"].get<double>() >= j["reconstruction_seconds"].get<double>());
+    CHECK(j["entries_start"].get<double>() < 0.6 * j["prompt_tokens"].get<double>());
+  }
+  auto g = run_kvlab("generate --model " + model + " --prompt 'Once upon a time there was a little girl named Lily. "
+                     "She liked to play outside with her dog.' --method kvzip,adakv:kvzip --ratio 0.5 "
+                     "--max-new-tokens 4 --json");
+  REQUIRE_MESSAGE(g.code == 0, g.out);
+  const auto at = g.out.find("{\n  \"");  // the JSON object on stdout (stderr's lines are "[generate] ...")
+  REQUIRE(at != std::string::npos);
+  const auto end = g.out.find("\n}", at);
+  const auto branches = nlohmann::json::parse(g.out.substr(at, end + 2 - at))["branches"];
+  REQUIRE(branches.size() == 2);
+  for (const auto& b : branches) CHECK(b["reconstruction_seconds"].get<double>() > 0);
 }
 
 TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)") {

@@ -11,13 +11,17 @@
 //   * expected_attention scores keys by the expected attention of a Gaussian fitted to the
 //     un-rotated queries and moved by the average rotation, times |v|;
 //   * criticalkv keeps its scorer's best half, then the best of the scores times |W_o v|_1;
-//   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention.
+//   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention;
+//   * kvzip keeps the model-wide (or, layerwise, the layer's) best reconstruction scores, sinks
+//     always, layers not compressed left out of the cut (its scores: test_kvpress_golden.cpp).
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -565,4 +569,68 @@ TEST_CASE("compactor blends the keys' leverage with chunked non-causal attention
   CHECK(!sk->keep_scores(kv, s1).equal(sk->keep_scores(kv, s2)));
   auto exact = make_compressor("compactor", p);
   CHECK(exact->keep_scores(kv, s1).equal(exact->keep_scores(kv, s2)));
+}
+
+TEST_CASE("kvzip keeps the best reconstruction scores of the whole model, or of each layer when layerwise (naive loop)") {
+  const int64_t n_layers = 4, h_kv = 2, n = 40, b = 10, n_sink = 3;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  // [L, Hkv, n]; layer 2 is a window layer (NaN: not compressed, not in the cut). Layer 0's scores
+  // are scaled up so that it takes more than its share of the model-wide budget.
+  at::Tensor scores = at::rand({n_layers, h_kv, n}, gen, at::TensorOptions().dtype(at::kFloat));
+  scores[0].mul_(3);
+  scores[2].fill_(std::numeric_limits<float>::quiet_NaN());
+  LayerKV kv = random_region(n, 0, h_kv, 1, 8, 3);
+  kv.queries = at::Tensor();
+  kv.query_pos = at::Tensor();
+  kv.n_layers = static_cast<int>(n_layers);
+  for (const bool layerwise : {false, true}) {
+    INFO("layerwise=" << layerwise);
+    auto c = make_compressor("kvzip", {{"n_sink", n_sink}, {"layerwise", layerwise}});
+    CHECK(c->reconstruction().chunk_size == 2048);
+    CHECK(c->reconstruction().n_sink == n_sink);
+    // Naive: every (layer, head, position) of the compressed layers with its score (sinks +inf).
+    std::vector<double> flat;
+    std::vector<std::array<int64_t, 3>> where;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      if (l == 2) continue;
+      for (int64_t h = 0; h < h_kv; ++h)
+        for (int64_t i = 0; i < n; ++i) {
+          flat.push_back(i < n_sink ? std::numeric_limits<double>::infinity() : scores[l][h][i].item<double>());
+          where.push_back({l, h, i});
+        }
+    }
+    std::vector<std::vector<std::vector<int64_t>>> want(n_layers, std::vector<std::vector<int64_t>>(h_kv));
+    if (!layerwise) {
+      for (int64_t f : naive_top(flat, 3 * h_kv * b)) want[where[f][0]][where[f][1]].push_back(where[f][2]);
+    } else {
+      for (int64_t l = 0, base = 0; l < n_layers; ++l) {
+        if (l == 2) continue;
+        std::vector<double> mine(flat.begin() + base, flat.begin() + base + h_kv * n);
+        for (int64_t f : naive_top(mine, h_kv * b)) want[l][f / n].push_back(f % n);
+        base += h_kv * n;
+      }
+    }
+    int64_t total = 0;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      if (l == 2) continue;
+      kv.layer = static_cast<int>(l);
+      kv.reconstruction_scores = scores;
+      const CompressedKV out = c->compress(kv, entries(b));
+      for (int64_t h = 0; h < h_kv; ++h) {
+        std::vector<int64_t> got;
+        for (int64_t i : row(out.kept_idx, h))
+          if (i >= 0) got.push_back(i);
+        std::sort(want[l][h].begin(), want[l][h].end());
+        CHECK(got == want[l][h]);
+        for (int64_t s = 0; s < n_sink; ++s) CHECK(std::count(got.begin(), got.end(), s) == 1);
+        total += static_cast<int64_t>(got.size());
+      }
+    }
+    CHECK(total == 3 * h_kv * b);
+    if (!layerwise) CHECK(want[0][0].size() + want[0][1].size() > size_t(h_kv * b));  // heads and layers unequal
+  }
+  // No scores (replay): an error that says what is missing.
+  kv.reconstruction_scores = at::Tensor();
+  CHECK_THROWS_WITH_AS(make_compressor("kvzip", nlohmann::json::object())->compress(kv, entries(b)),
+                       doctest::Contains("second prefill"), Error);
 }

@@ -41,6 +41,16 @@ MethodSpec method(const std::string& name) {
   return m;
 }
 
+// kvzip's repeat prompt for tests without a tokenizer: arbitrary ids in every tiny vocabulary
+// (the real prompts are checked against kvpress in test_kvpress_golden.cpp).
+ReconstructionPrompt toy_reconstruction() {
+  ReconstructionPrompt rp;
+  rp.first = {5, 6, 7, 8};
+  rp.next = {5, 6, 9};
+  rp.turn = {10};
+  return rp;
+}
+
 }  // namespace
 
 TEST_CASE("generation and replay agree where they meet, for every method at a budget below n") {
@@ -66,7 +76,7 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
   u.inv_freq = rope_inv_freq(10000.0, 16, RopeScaling{});  // expected_attention un-rotates with them
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
-    if (info.needs_out_proj) continue;  // criticalkv: replay cannot run it (no W_o in a capture)
+    if (info.needs_model()) continue;  // criticalkv, kvzip: replay cannot run them (no model)
     const MethodSpec m = method(info.name);
     const Budget b = info.halving ? Budget::of_halvings(2) : Budget::of_ratio(0.25);
     CompressOptions co;
@@ -125,6 +135,7 @@ TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (stories2
   go.on_logits = [&](int64_t, const at::Tensor& l) { ref_logits.push_back(l.clone()); };
   const auto ref_ids = generate_greedy(model, prompt, exact, go);
   Prefill pre = run_prefill(model, prompt, 8);
+  pre.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
@@ -166,6 +177,7 @@ TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (SmolLM2,
   go.on_logits = [&](int64_t, const at::Tensor& l) { ref_logits.push_back(l.clone()); };
   const auto ref_ids = generate_greedy(model, prompt, exact, go);
   Prefill pre = run_prefill(model, prompt, 64);
+  pre.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
@@ -194,6 +206,7 @@ TEST_CASE("one prefill shared by branches gives what separate runs give") {
   bo.max_new_tokens = 12;
   bo.stop_at_eos = false;
   Prefill shared = run_prefill(model, prompt, 8);
+  shared.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   const std::vector<std::string> names = {"h2o", "snapkv", "chelsea", "uniform", "streaming_llm"};
   std::vector<std::vector<int64_t>> together;
   for (const auto& name : names)
@@ -201,10 +214,12 @@ TEST_CASE("one prefill shared by branches gives what separate runs give") {
   for (size_t i = 0; i < names.size(); ++i) {
     INFO("method=" << names[i]);
     Prefill own = run_prefill(model, prompt, 8);  // a separate run
+    own.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
     CHECK(run_branch(model, own, {method(names[i]), Budget::of_ratio(0.5), 3, 2, 0}, bo).ids == together[i]);
   }
   // The prefill is left as it was by every branch.
   Prefill again = run_prefill(model, prompt, 8);
+  again.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   for (size_t l = 0; l < again.k.size(); ++l) CHECK(again.k[l].equal(shared.k[l]));
 }
 
@@ -271,6 +286,7 @@ TEST_CASE("gemma3: sliding layers are exact windows for every method; ratio 1 de
   const auto want = meta["greedy_ids"].get<std::vector<int64_t>>();
   const int64_t n = static_cast<int64_t>(prompt.size());
   Prefill pre = run_prefill(model, prompt, 8);
+  pre.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   REQUIRE(pre.windows == std::vector<int64_t>{8, 8, 0});
   // The exact cache counts the window layers at 7 positions (K and V, float32).
   const int64_t per_pos = 2 * model.config.n_kv_heads * model.config.head_dim * 4;
@@ -317,6 +333,7 @@ namespace {
 void check_batched_equals_sequential(const Model& model, const std::vector<int64_t>& prompt,
                                      const std::vector<int64_t>& suffix, int64_t max_new, int64_t n_obs) {
   Prefill pre = run_prefill(model, prompt, n_obs);
+  pre.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   std::vector<BranchSpec> specs;
   for (const auto& info : compressor_infos()) {
     const std::string name = info.name == "adakv" || info.name == "criticalkv" ? info.name + ":snapkv" : info.name;

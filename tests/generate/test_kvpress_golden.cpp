@@ -47,7 +47,10 @@
 #include "kvlab/compress/key_scores.h"
 #include "kvlab/core/config.h"
 #include "kvlab/core/sha256.h"
+#include "kvlab/generate/branches.h"
+#include "kvlab/generate/reconstruction.h"
 #include "kvlab/model/model.h"
+#include "kvlab/model/model_tokenizer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -300,4 +303,111 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
   CHECK(compared_sets == 56);  // 14 presses x 2 ratios x 2 prompts
+}
+
+MethodSpec method_spec(const std::string& name, const json& params = json::object()) {
+  MethodSpec s;
+  s.name = name;
+  s.params = params;
+  s.compressor = make_compressor(name, params);
+  return s;
+}
+
+// KVzip (issue 22) against kvpress's KVzipPress: tests/fixtures/kvpress_golden/kvzip_smollm2.json
+// (data_scripts/make_kvzip_golden.py; prompts of 316 and 420 tokens without a chat template, and
+// one in SmolLM2's template, whose prefix is not reconstructed). kvlab's repeat prompts are the ids
+// kvpress fed; its reconstruction scores (layers 0, 14, 29) equal
+// kvpress's score_val to rtol 1e-4; with one cut over every layer and head (and per layer with
+// layerwise=true), at ratios 0.5 and 0.25 kept and with chunks of 2,048 and 128 tokens, its kept
+// positions equal kvpress's outside the tie band on every (layer, KV head), heads holding different
+// counts; and greedy decoding through the cache (first token from the exact prefill, as kvpress's
+// pipeline) gives kvpress's ids.
+TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and greedy ids (issue 22)") {
+  const std::string gguf = smollm2_gguf();
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/kvzip_smollm2.json");
+  REQUIRE(g["version"].get<int>() == 1);
+  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  const Tokenizer tok = load_model_tokenizer(model.source);
+  // The repeat prompts of the plain prompts and of the one built with SmolLM2's chat template,
+  // each picked by the prompt's start as the task commands do.
+  const ReconstructionPrompt plain = reconstruction_prompt(tok, "none"), chat = reconstruction_prompt(tok, "smollm2");
+  const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
+  std::map<std::string, Prefill> prefills;
+  for (const auto& pr : g["prompts"]) {
+    const auto ids = pr["ids"].get<std::vector<int64_t>>();
+    Prefill& p = prefills[pr["name"]] = run_prefill(model, ids, 0);
+    p.reconstruction = reconstruction_prompt_for(ids, chat, plain);
+  }
+  int compared = 0;
+  double worst_score = 0;
+  for (const auto& config : g["configs"]) {
+    const json& p = config["params"];
+    const json mp = {{"n_sink", p["n_sink"]}, {"chunk_size", p["chunk_size"]}, {"layerwise", p["layerwise"]}};
+    const MethodSpec m = method_spec("kvzip", mp);
+    for (const auto& r : config["results"]) {
+      INFO(config["name"].get<std::string>() << " on " << r["prompt"].get<std::string>());
+      const Prefill& pre = prefills.at(r["prompt"]);
+      const int64_t n = static_cast<int64_t>(pre.prompt.size());
+      // The repeat prompts: kvlab's tokenizer, chat template and chunking against the ids kvpress fed.
+      const ReconstructionPrompt& rp = pre.reconstruction;
+      CHECK(static_cast<int64_t>(rp.prefix.size()) == r["prefix_length"].get<int64_t>());
+      CHECK(rp.turn == r["suffix_ids"].get<std::vector<int64_t>>());
+      const auto chunks = reconstruction_chunks(pre.prompt, rp, p["chunk_size"].get<int64_t>());
+      REQUIRE(chunks.size() == r["repeat_ids"].size());
+      for (size_t i = 0; i < chunks.size(); ++i) CHECK(chunks[i].ids == r["repeat_ids"][i].get<std::vector<int64_t>>());
+      // The scores themselves.
+      const at::Tensor scores = pre.reconstruction_scores(model, m.compressor->reconstruction());  // [L, Hkv, n]
+      for (const auto& [layer, heads] : r["scores"].items())
+        for (int64_t h = 0; h < h_kv; ++h) {
+          const auto theirs = heads[h].get<std::vector<double>>();
+          REQUIRE(static_cast<int64_t>(theirs.size()) == n);
+          for (int64_t j = 0; j < n; ++j) {
+            const double mine = scores[std::stoi(layer)][h][j].item<double>();
+            worst_score = std::max(worst_score, std::abs(mine - theirs[j]) / (std::abs(theirs[j]) + 1e-6));
+          }
+        }
+      // Kept sets and greedy ids through run_branch (the generation path).
+      const int64_t total = r["n_kept_total"].get<int64_t>();
+      REQUIRE(total % (n_layers * h_kv) == 0);
+      BranchSpec spec{m, Budget::of_entries(total / (n_layers * h_kv))};
+      BranchOptions bo;
+      bo.max_new_tokens = static_cast<int64_t>(r["greedy_ids"].size());
+      bo.keep_kept = true;
+      const BranchResult br = run_branch(model, pre, spec, bo);
+      CHECK(br.reconstruction_seconds > 0);
+      // Heads hold different counts, and the bytes are the budget's (kvpress's masking keeps all n):
+      // those of knorm at the same budget, b entries on every head.
+      BranchOptions short_run;
+      short_run.max_new_tokens = 1;
+      const BranchResult even = run_branch(model, pre, {method_spec("knorm"), spec.budget}, short_run);
+      CHECK(std::abs(double(br.kv_bytes) / double(even.kv_bytes) - 1) < 0.02);
+      int64_t kept_total = 0;
+      for (int64_t l = 0; l < n_layers; ++l)
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::set<int64_t> mine, band;
+          for (const auto& q : br.kept["layers"][l]["kv_heads"][h]["positions"])
+            if (q.get<int64_t>() < n) mine.insert(q.get<int64_t>());  // decoded tokens are appended
+          const std::set<int64_t> theirs = kept_positions(r["kept"][l][h].get<std::string>());
+          for (const auto& q : r["tie_band"][l][h]) band.insert(q.get<int64_t>());
+          std::vector<int64_t> differ;
+          for (int64_t q = 0; q < n; ++q)
+            if (!band.count(q) && mine.count(q) != theirs.count(q)) differ.push_back(q);
+          INFO("layer " << l << " KV head " << h << " (kept " << mine.size() << " vs " << theirs.size() << ")");
+          CHECK(differ.empty());
+          kept_total += static_cast<int64_t>(mine.size());
+        }
+      CHECK(kept_total == total);
+      if (r["n_ambiguous_heads"].get<int64_t>() == 0) CHECK(br.ids == r["greedy_ids"].get<std::vector<int64_t>>());
+      ++compared;
+    }
+  }
+  CHECK(worst_score < 1e-4);
+  MESSAGE("kvzip: " << compared << " (config, prompt) results compared; reconstruction scores within " << worst_score
+                    << " (relative) of kvpress's");
+  CHECK(compared == 9);  // 4 configs x 2 prompts + the chat template's
 }

@@ -55,6 +55,7 @@ class AdaKV final : public Compressor {
   std::string name() const override { return "adakv"; }
   nlohmann::json params() const override { return params_; }
   int64_t observation_queries() const override { return scorer_->observation_queries(); }
+  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();

@@ -51,6 +51,11 @@ struct LayerKV {
   // Optional, [hidden, n_q_heads * head_dim]: the layer's output projection W_o (the model's wo;
   // undefined = unknown, e.g. in replay: captures hold no weights). criticalkv weighs values by ‖W_o v‖₁.
   at::Tensor out_proj;
+  // Optional, [n_layers, n_kv_heads, n] float32: every layer's KVzip context-reconstruction scores
+  // on the region (generate/reconstruction.h: a second prefill through the model; undefined in
+  // replay), NaN rows for layers that are not compressed (sliding window layers). kvzip ranks them
+  // across layers; `layer` is this one.
+  at::Tensor reconstruction_scores;
 
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }
@@ -77,6 +82,16 @@ struct CompressedKV {
   double mean_memory_entries() const;
 };
 
+// What a method needs from a second prefill that reconstructs the context (kvzip): the chunk size
+// of the reconstruction and the sink positions its softmax sees. chunk_size 0 = nothing.
+struct ReconstructionRequest {
+  int64_t chunk_size = 0;
+  int64_t n_sink = 0;
+  bool operator<(const ReconstructionRequest& o) const {
+    return chunk_size != o.chunk_size ? chunk_size < o.chunk_size : n_sink < o.n_sink;
+  }
+};
+
 // How much to keep (budget.h: a ratio, an entry count or T halvings, resolved on the region by
 // Budget::entries_for) and the seed of any randomness.
 struct CompressOptions {
@@ -101,6 +116,9 @@ class Compressor {
   // keep, +inf = always kept (SnapKV's window). Undefined for every other method. adakv.cpp ranks
   // them across heads. `opt` as for compress (compactor's blend and sketch depend on the budget and seed).
   virtual at::Tensor keep_scores(const LayerKV& /*kv*/, const CompressOptions& /*opt*/) const { return at::Tensor(); }
+  // Methods scoring by context reconstruction (kvzip): what LayerKV::reconstruction_scores must
+  // be made with. Generation and the task commands run it once per prompt for every such branch.
+  virtual ReconstructionRequest reconstruction() const { return {}; }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
   // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the
   // budget against the tokens seen. kv may be empty (n = 0: a cache streamed from the first
@@ -181,6 +199,10 @@ struct CompressorInfo {
   // Needs the layer's output projection (LayerKV::out_proj: criticalkv): runs in generation and the
   // task commands, where the model is loaded; replay refuses it (captures hold no weights).
   bool needs_out_proj = false;
+  // Needs a second prefill through the model (Compressor::reconstruction: kvzip); replay refuses it.
+  bool needs_reconstruction = false;
+  // Runs only where the model is loaded (generation, ppl, the task commands), not on a capture.
+  bool needs_model() const { return needs_out_proj || needs_reconstruction; }
 };
 
 // `name` may compose a wrapper with a scorer, "adakv:knorm" (the scorer given as the wrapper's

@@ -81,6 +81,7 @@ class CriticalKV final : public Compressor {
   std::string name() const override { return "criticalkv"; }
   nlohmann::json params() const override { return params_; }
   int64_t observation_queries() const override { return scorer_->observation_queries(); }
+  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   // The stage-2 scores with stage 1's choice at +inf.
   at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& opt) const override {

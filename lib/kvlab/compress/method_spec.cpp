@@ -129,12 +129,15 @@ std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, c
                                               const std::string& command) {
   std::vector<MethodSpec> out;
   for (auto& m : methods) {
-    if (!compressor_info(m.name).needs_out_proj) {
+    const CompressorInfo& info = compressor_info(m.name);
+    if (!info.needs_model()) {
       out.push_back(std::move(m));
       continue;
     }
-    KVLAB_CHECK(spec == "all", "--method {}: needs the layer's output projection W_o, and `kvlab {}` runs without "
-                "the model (captures hold no weights); run it in generate, ppl or a task command", m.name, command);
+    KVLAB_CHECK(spec == "all", "--method {}: needs {}, and `kvlab {}` runs without the model (captures hold no "
+                "weights); run it in generate, ppl or a task command", m.name,
+                info.needs_out_proj ? "the layer's output projection W_o" : "a second prefill through the model",
+                command);
   }
   return out;
 }

@@ -54,8 +54,8 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags);
 
 // For commands that run methods without a model (replay, bench compress: LayerKV::out_proj is
-// undefined there): with `spec` "all" the methods that need the model's weights
-// (CompressorInfo::needs_out_proj) are left out; named explicitly they are an error naming --method
+// undefined there): with `spec` "all" the methods that need the model (CompressorInfo::needs_model:
+// its W_o, or a second prefill through it) are left out; named explicitly they are an error naming --method
 // and `command`.
 std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, const std::string& spec,
                                               const std::string& command);

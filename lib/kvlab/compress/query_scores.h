@@ -147,10 +147,11 @@ inline at::Tensor pad_index_rows(const std::vector<std::vector<int64_t>>& rows) 
   return out;
 }
 
-// The methods with Compressor::keep_scores, which the wrappers (adakv, criticalkv) take as scorers.
+// The methods with Compressor::keep_scores, which the wrappers (adakv, criticalkv) take as scorers
+// (kvzip: its own layer's scores; the wrapper then allocates within the layer).
 inline const std::vector<std::string>& top_score_methods() {
   static const std::vector<std::string> names = {"snapkv", "knorm", "keydiff", "lagkv", "expected_attention",
-                                                 "compactor"};
+                                                 "compactor", "kvzip"};
   return names;
 }
 

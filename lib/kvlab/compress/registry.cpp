@@ -38,6 +38,7 @@ std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_expected_attention(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_compactor(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_kvzip(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -65,6 +66,7 @@ MethodPreset paper_preset_adakv();
 MethodPreset paper_preset_expected_attention();
 MethodPreset paper_preset_compactor();
 MethodPreset paper_preset_criticalkv();
+MethodPreset paper_preset_kvzip();
 
 namespace {
 
@@ -135,6 +137,11 @@ const std::vector<CompressorInfo>& table() {
        {1.0, "known: the scorer's cost + O(H n d D) projected values",
         "known cost: the wrapped scorer's, then each value through its head's slice of W_o, O(H·n·d·D) for hidden size D, and a top-k (CriticalKV, Feng et al. 2025)"},
        /*wrapper=*/true, /*needs_out_proj=*/true},
+      {"kvzip", "attention each entry gets while the model repeats its context (a second prefill), one cut over all layers and heads, query-agnostic (KVzip; kvpress KVzipPress)",
+       make_kvzip, paper_preset_kvzip, /*halving=*/false, /*streaming=*/false,
+       {2.0, "known: a second prefill over the cache, O(n^2 d) per layer",
+        "known cost: the context fed again (repeat prompt + chunks of c tokens) attending over the n cached entries, O(n·(n + c)·d) per layer plus the dense layers of one more prefill, then a top-k over L·H·n scores (KVzip, Kim et al. 2025: '2-3 times the initial prefilling cost' in kvpress)"},
+       /*wrapper=*/false, /*needs_out_proj=*/false, /*needs_reconstruction=*/true},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 
 #include "kvlab/attention/exact_cache.h"
@@ -55,6 +56,25 @@ const at::Tensor& Prefill::attention_sums(int layer) const {
   return sums_[layer];
 }
 
+const at::Tensor& Prefill::reconstruction_scores(const Model& model, const ReconstructionRequest& rq,
+                                                 double* seconds) const {
+  auto it = recon_.find(rq);
+  if (it == recon_.end()) {
+    KVLAB_CHECK(reconstruction.defined(), "kvzip: no repeat prompt for its context reconstruction: it needs the "
+                "model's tokenizer (a model without one, or a command that does not tokenize, cannot run kvzip)");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<at::Tensor> per_layer =
+        kvlab::reconstruction_scores(model, k, v, windows, prompt, reconstruction, rq.chunk_size, rq.n_sink);
+    for (size_t l = 0; l < per_layer.size(); ++l)
+      if (!per_layer[l].defined())
+        per_layer[l] = at::full({k[l].size(0), k[l].size(1)}, std::numeric_limits<float>::quiet_NaN(),
+                                k[l].options().dtype(at::kFloat));
+    it = recon_.emplace(rq, std::make_pair(at::stack(per_layer), seconds_since(t0))).first;  // [L, Hkv, n]
+  }
+  if (seconds) *seconds = it->second.second;
+  return it->second.first;
+}
+
 Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int64_t n_obs) {
   c10::InferenceMode guard;
   KVLAB_CHECK(!prompt.empty(), "generate: the prompt has no tokens (give --prompt or --prompt-ids)");
@@ -85,7 +105,7 @@ namespace {
 // The compressed cache of one branch: every layer of the prefill through the branch's method
 // (a window layer held as its exact window).
 std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& prefill, const BranchSpec& spec,
-                                             double* compress_ms) {
+                                             double* compress_ms, double* reconstruction_seconds) {
   KVLAB_CHECK(spec.keep_first >= 0 && spec.keep_last >= 0, "--keep-first and --keep-last must be >= 0");
   CompressOptions co;
   co.budget = spec.budget;
@@ -94,6 +114,10 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
   const int n_layers = static_cast<int>(model.config.n_layers);
   // A method scoring with every prompt query shares the prefill's attention sums (see Prefill).
   const bool all_queries = spec.method.compressor->observation_queries() < 0;
+  // kvzip: the context-reconstruction scores of every layer (one more forward, shared by branches).
+  const ReconstructionRequest rq = spec.method.compressor->reconstruction();
+  const at::Tensor recon =
+      rq.chunk_size > 0 ? prefill.reconstruction_scores(model, rq, reconstruction_seconds) : at::Tensor();
   for (int l = 0; l < n_layers; ++l) {
     if (l < static_cast<int>(prefill.windows.size()) && prefill.windows[l] > 0) {
       layers.push_back(window_layer(prefill.k[l], prefill.v[l], prefill.windows[l]));
@@ -103,7 +127,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
                                     spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor(),
-                                    model.inv_freq, model.weights.layers[l].wo));
+                                    model.inv_freq, model.weights.layers[l].wo, recon));
   }
   return layers;
 }
@@ -114,7 +138,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
 class BranchRun {
  public:
   BranchRun(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt)
-      : model_(model), opt_(opt), attn_(compress_branch(model, prefill, spec, &r_.compress_ms)) {
+      : model_(model), opt_(opt), attn_(compress_branch(model, prefill, spec, &r_.compress_ms, &r_.reconstruction_seconds)) {
     r_.kv_bytes = attn_.bytes();
     r_.kv_bytes_window = attn_.window_bytes();
     r_.entries_start = attn_.live_entries();

@@ -10,10 +10,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/method_spec.h"
+#include "kvlab/generate/reconstruction.h"
 #include "kvlab/model/model.h"
 
 namespace kvlab {
@@ -35,9 +38,18 @@ struct Prefill {
   // that scores with all its queries (h2o/cam with every query, buzz: each recomputed them, ~85 s
   // per branch at 8k tokens on one core). Needs q_obs to hold every prompt query.
   const at::Tensor& attention_sums(int layer) const;
+  // KVzip's repeat prompts for this prompt (generate/reconstruction.h), set by the command that
+  // tokenized it; a branch whose method reconstructs the context (kvzip) needs them.
+  ReconstructionPrompt reconstruction;
+  // [n_layers, Hkv, n] float32: every layer's context-reconstruction scores (NaN rows for window
+  // layers), made by one more forward through `model` on first use and shared by every branch
+  // asking for the same request; *seconds (if given) = the time that forward took.
+  const at::Tensor& reconstruction_scores(const Model& model, const ReconstructionRequest& rq,
+                                          double* seconds = nullptr) const;
 
  private:
   mutable std::vector<at::Tensor> sums_;  // the memo of attention_sums
+  mutable std::map<ReconstructionRequest, std::pair<at::Tensor, double>> recon_;  // ... of reconstruction_scores
 };
 
 // One exact forward over `prompt`, keeping what every branch needs.
@@ -86,6 +98,9 @@ struct BranchResult {
   double bytes_mean = 0;        // kv bytes, averaged as entries_mean
   nlohmann::json kept;          // BranchOptions::keep_kept: the cache as decoding left it (kept_json)
   double compress_ms = 0;       // every layer's compress() call
+  // The second prefill that reconstructs the context (kvzip; 0 for other methods): its wall time,
+  // counted for every branch that needs it (a method run alone would pay it), though made once.
+  double reconstruction_seconds = 0;
   double decode_seconds = 0;     // run_branches: batched steps' wall time split among their branches
 };
 

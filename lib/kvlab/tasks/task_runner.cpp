@@ -262,6 +262,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                                                                                        : int64_t(r.prompt.size())));
     const std::vector<int64_t> suffix(r.prompt.begin() + int64_t(context.size()), r.prompt.end());
     Prefill pre = run_prefill(model, context, n_obs < 0 ? int64_t(context.size()) : n_obs);
+    pre.reconstruction = reconstruction_prompt_for(context, opt.reconstruction_templated, opt.reconstruction_plain);
     nlohmann::json kept_branches = nlohmann::json::array();
     std::string exact_out;
     // The branches this record still needs, decoded one by one or in one batch.
@@ -328,8 +329,11 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       line["same_as_exact"] = out == exact_out;
       line["rougeL_vs_exact"] = fidelity_rouge_l(exact_out, out);
       // Compression and decoding (batched: each step's wall time split among its branches); the
-      // exact branch also carries the shared prefill.
-      line["seconds"] = br.compress_ms / 1000.0 + br.decode_seconds + (i == 0 ? pre.seconds : 0.0);
+      // exact branch also carries the shared prefill, a kvzip branch its second prefill (made once
+      // per record, counted for each branch that needs it).
+      line["seconds"] = br.compress_ms / 1000.0 + br.decode_seconds + (i == 0 ? pre.seconds : 0.0) +
+                        br.reconstruction_seconds;
+      if (br.reconstruction_seconds > 0) line["reconstruction_seconds"] = br.reconstruction_seconds;
       std::ofstream f(files[i], std::ios::app);
       f << line.dump() << "\n";
       check_written(f, files[i]);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvlab/compress/method_spec.h"
+#include "kvlab/generate/reconstruction.h"
 #include "kvlab/model/model.h"
 #include "kvlab/tasks/protocol.h"
 #include "kvlab/tokenizer/tokenizer.h"
@@ -77,6 +78,9 @@ struct TaskOptions {
   // A record's branches decode in one batch (generate/branches.h run_branches; the same outputs as
   // one after another, which false gives).
   bool batch = true;
+  // kvzip's repeat prompts (generate/reconstruction.h): for records built with the run's chat
+  // template, and for records without one (reconstruction_prompt_for picks by the prompt's start).
+  ReconstructionPrompt reconstruction_templated, reconstruction_plain;
   // Called once per record; `resumed`: every branch had it from an earlier run.
   std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
 };

@@ -1,0 +1,153 @@
+#include "kvlab/generate/reconstruction.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kvlab/attention/backend.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/core/check.h"
+#include "kvlab/tokenizer/chat_template.h"
+#include "kvlab/tokenizer/tokenizer.h"
+
+namespace kvlab {
+
+ReconstructionPrompt reconstruction_prompt(const Tokenizer& tok, const std::string& chat_template) {
+  ReconstructionPrompt rp;
+  rp.first = tok.encode("\n\nRepeat the previous context exactly.", false);
+  rp.next = tok.encode("\n\nRepeat the part of the previous context exactly, starting with", false);
+  std::string prefix, turn = "\n";
+  if (chat_template != "none") {
+    const std::string dummy = "dummy context", sep = "\n" + std::string(dummy.size(), '#');
+    const std::string text = apply_chat_template(chat_template, {{"user", dummy + sep}}, true);
+    const size_t at = text.find(sep), d = text.find(dummy);
+    KVLAB_CHECK(at != std::string::npos && d != std::string::npos && d < at,
+                "kvzip: chat template '{}' does not keep the user's text verbatim", chat_template);
+    prefix = text.substr(0, d);
+    turn = text.substr(at + sep.size());
+  }
+  rp.prefix = tok.encode(prefix, true);  // as the prompt itself is encoded (with the model's BOS)
+  rp.turn = tok.encode(turn, false);
+  return rp;
+}
+
+const ReconstructionPrompt& reconstruction_prompt_for(const std::vector<int64_t>& prompt,
+                                                      const ReconstructionPrompt& templated,
+                                                      const ReconstructionPrompt& plain) {
+  const auto& p = templated.prefix;
+  const bool starts = templated.defined() && p.size() > plain.prefix.size() && prompt.size() >= p.size() &&
+                      std::equal(p.begin(), p.end(), prompt.begin());
+  return starts ? templated : plain;
+}
+
+std::vector<ReconstructionChunk> reconstruction_chunks(const std::vector<int64_t>& prompt,
+                                                       const ReconstructionPrompt& rp, int64_t chunk_size) {
+  KVLAB_CHECK(rp.defined(), "kvzip: no repeat prompt (the command did not tokenize KVzip's prompts)");
+  KVLAB_CHECK(chunk_size > 0, "kvzip: parameter 'chunk_size' must be > 0, got {}", chunk_size);
+  constexpr int64_t kPrevPostfix = 8;  // KVzipPress.prepare's prev_postfix_size
+  const int64_t n = int64_t(prompt.size()), start = std::min<int64_t>(int64_t(rp.prefix.size()), n);
+  std::vector<ReconstructionChunk> out;
+  for (int64_t b = start; b < n; b += chunk_size) {
+    ReconstructionChunk c;
+    c.begin = b;
+    c.end = std::min(n, b + chunk_size);
+    if (out.empty()) {
+      c.ids = rp.first;
+    } else {
+      c.ids = rp.next;
+      const int64_t pb = std::max(out.back().begin, out.back().end - kPrevPostfix);
+      c.ids.insert(c.ids.end(), prompt.begin() + pb, prompt.begin() + out.back().end);
+    }
+    c.ids.insert(c.ids.end(), rp.turn.begin(), rp.turn.end());
+    c.ids.insert(c.ids.end(), prompt.begin() + b, prompt.begin() + c.end);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+namespace {
+
+// The attention of one reconstruction forward: exact attention over the prefill's cache and the
+// new tokens (the prefill's tensors are read, never extended), and, on every compressed layer,
+// KVzip's scores of the chunk being rebuilt.
+class ReconstructionAttention final : public AttentionBackend {
+ public:
+  // scores: per layer [Hkv, n], filled chunk by chunk; undefined = a layer not scored.
+  ReconstructionAttention(const std::vector<at::Tensor>& k, const std::vector<at::Tensor>& v,
+                          std::vector<at::Tensor>& scores, int64_t n_sink)
+      : k_(k), v_(v), scores_(scores), n_sink_(n_sink) {}
+  void set_chunk(int64_t begin, int64_t end) { begin_ = begin, end_ = end; }
+
+  at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, int64_t pos0,
+                    int64_t window) override {
+    const at::Tensor keys = at::cat({k_[layer], k_new}, 1), values = at::cat({v_[layer], v_new}, 1);  // [Hkv, n+t, d]
+    if (scores_[layer].defined()) score(layer, q, k_new);
+    return causal_gqa_attention(q, keys, values, pos0, 128, window);  // [Hq, t, d]
+  }
+  void reset() override {}
+
+ private:
+  // q [Hq, t, d] post-RoPE, k_new [Hkv, t, d]. Keys scored against: the first min(n_sink, begin)
+  // positions, the chunk [begin, end), the t reconstruction tokens (causal among themselves).
+  void score(int layer, const at::Tensor& q, const at::Tensor& k_new) {
+    const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = k_new.size(0), g = hq / hkv;
+    const int64_t sink = std::min(n_sink_, begin_), c = end_ - begin_;
+    const at::Tensor& kp = k_[layer];
+    const at::Tensor keys = at::cat({kp.narrow(1, 0, sink), kp.narrow(1, begin_, c), k_new}, 1)
+                                .transpose(1, 2)
+                                .contiguous();  // [Hkv, d, s+c+t]
+    const int64_t s_all = sink + c + t;
+    const double scale = 1.0 / std::sqrt(double(d));
+    const at::Tensor q4 = q.reshape({hkv, g, t, d});
+    at::Tensor best = at::zeros({hkv, c}, q.options());  // [Hkv, c]
+    constexpr int64_t kBlock = 256;                      // reconstruction queries per block
+    for (int64_t t0 = 0; t0 < t; t0 += kBlock) {
+      const int64_t tb = std::min(kBlock, t - t0);
+      const at::Tensor qb = q4.narrow(2, t0, tb).reshape({hkv, g * tb, d});          // [Hkv, g*tb, d]
+      at::Tensor logits = at::bmm(qb, keys).mul_(scale).view({hkv, g, tb, s_all});  // [Hkv, g, tb, S]
+      // Query t0+j sees reconstruction token u <= t0+j.
+      const auto lopt = q.options().dtype(at::kLong);
+      const at::Tensor hide = at::arange(t, lopt).unsqueeze(0) > at::arange(t0, t0 + tb, lopt).unsqueeze(1);  // [tb, t]
+      logits.narrow(3, sink + c, t).masked_fill_(hide, -std::numeric_limits<double>::infinity());
+      const at::Tensor probs = at::softmax(logits, -1).narrow(3, sink, c);           // [Hkv, g, tb, c]
+      best = at::maximum(best, std::get<0>(probs.reshape({hkv, g * tb, c}).max(1)));  // [Hkv, c]
+    }
+    scores_[layer].narrow(1, begin_, c).copy_(best);
+  }
+
+  const std::vector<at::Tensor>& k_;
+  const std::vector<at::Tensor>& v_;
+  std::vector<at::Tensor>& scores_;
+  int64_t n_sink_ = 0, begin_ = 0, end_ = 0;
+};
+
+}  // namespace
+
+std::vector<at::Tensor> reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
+                                              const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
+                                              const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
+                                              int64_t chunk_size, int64_t n_sink) {
+  c10::InferenceMode guard;
+  const int64_t n_layers = model.config.n_layers, n = int64_t(prompt.size());
+  KVLAB_CHECK(int64_t(k.size()) == n_layers && int64_t(v.size()) == n_layers,
+              "kvzip: the prefill holds {} layers, the model {}", k.size(), n_layers);
+  KVLAB_CHECK(n_sink >= 0, "kvzip: parameter 'n_sink' must be >= 0, got {}", n_sink);
+  std::vector<at::Tensor> scores(static_cast<size_t>(n_layers));
+  for (int64_t l = 0; l < n_layers; ++l) {
+    KVLAB_CHECK(k[l].size(1) == n, "kvzip: layer {} caches {} positions, the prompt has {}", l, k[l].size(1), n);
+    if (l >= int64_t(windows.size()) || windows[l] == 0)
+      scores[l] = at::zeros({k[l].size(0), n}, k[l].options().dtype(at::kFloat));  // [Hkv, n]
+  }
+  ReconstructionAttention attn(k, v, scores, n_sink);
+  ForwardOptions fo;
+  fo.logits = false;  // only the attention of every layer is wanted
+  for (const auto& c : reconstruction_chunks(prompt, rp, chunk_size)) {
+    attn.set_chunk(c.begin, c.end);
+    forward(model, at::tensor(c.ids, at::kLong), n, attn, fo);
+  }
+  return scores;
+}
+
+}  // namespace kvlab
