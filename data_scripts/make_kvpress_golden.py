@@ -35,7 +35,7 @@ inner press's for AdaKVPress) to keep a copy of the scores it returns, and `comp
 to see its input keys and its output. For a ScorerPress the kept indices are recomputed exactly
 as ScorerPress.compress does (scores.topk(n_kept, dim=-1), n_kept = max(1, int(n * (1 - ratio))))
 and verified to reproduce the compressed cache bit for bit (keys.gather(2, idx) == returned keys);
-they are then sorted. AdaKVPress does not shrink the cache: it stores the pruned entries in
+they are then sorted. AdaKVPress (and CriticalAdaKVPress, AdaKV's budgets with CriticalKV's two stages per head) does not shrink the cache: it stores the pruned entries in
 module.masked_key_indices = (batch_idx, kv_head_idx, position) and, while decoding, kvpress's
 attention patch overwrites those keys with a fake key whose attention weight underflows to 0;
 `kept` is the complement of that set per KV head, so n_kept differs between heads.
@@ -60,6 +60,10 @@ A test should require equality of the kept sets outside tie_band (and equal coun
 For AdaKVPress the selection scores are the safeguarded scores, ranked across all KV heads of a
 layer; its band is the union of that global cut's band and, where it matters (a position in it is
 not clearly above the global cut by its raw score), the band of each head's safeguard cut.
+CriticalAdaKVPress adds the band of each head's stage-1 cut (its max(int(B_h * first_stage_ratio),
+n_safe) best raw scores) where that cut falls among tied scores, and every group of equal raw scores
+(within 1e-6) holding both kept and dropped positions: stage 2's (s + eps) * |W_o v|_1 ties there
+whenever the values are equal too (the same token on layer 0).
 
 Scores are float32, written as the shortest decimal that reads back to the same float32. To keep the
 file small, a result whose recorded scores are bitwise identical to those of the same press and
@@ -91,8 +95,12 @@ RATIOS = [0.5, 0.75]
 SCORE_LAYERS = [0, 14, 29]
 MAX_NEW_TOKENS = 32
 TIE_RTOL = 1e-5
+# CriticalAdaKV's stage 2: raw scores this close are one token's at two positions (float32 rounding
+# of a rotated key's norm), whose equal values tie the reweighted scores too.
+SAME_SCORE_RTOL = 1e-6
 # Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
-NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)"}
+NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
+             "CriticalAdaKVPress(SnapKVPress)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -156,6 +164,12 @@ def make_configs(kvpress):
         # draws its Gaussian sketch from torch's global generator, which nothing else can replay.
         cfgs.append(("CompactorPress(sketch_dimension=64, identity sketch)",
                      lambda r: kvpress.CompactorPress(compression_ratio=r, sketch_dimension=64), "sdpa"))
+    if hasattr(kvpress, "CriticalAdaKVPress"):
+        cfgs.append(("CriticalAdaKVPress(KnormPress)",
+                     lambda r: kvpress.CriticalAdaKVPress(press=kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("CriticalAdaKVPress(SnapKVPress)",
+                     lambda r: kvpress.CriticalAdaKVPress(press=kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
     return cfgs
 
 
@@ -256,7 +270,8 @@ class Recorder:
     def __init__(self, press, n_kv_heads):
         self.press = press
         self.n_kv = n_kv_heads
-        self.is_ada = type(press).__name__ == "AdaKVPress"
+        # AdaKVPress and CriticalAdaKVPress mask pruned entries instead of shrinking the cache.
+        self.is_ada = type(press).__name__ in ("AdaKVPress", "CriticalAdaKVPress")
         self.scorer = press.press if self.is_ada else press
         self.layers = {}
         self._last_scores = None
@@ -329,6 +344,31 @@ class Recorder:
                 sb = kth_band(s64[h], safe_mask[h], n_safe)
                 if any(float(s64[h, p]) <= thr_hi for p in sb):
                     hb |= set(sb)
+                if type(self.press).__name__ == "CriticalAdaKVPress":
+                    # CriticalKV's stage 1 on this head's budget B_h: its max(int(B_h * first_stage_ratio),
+                    # n_safe) best raw scores. Ties there (knorm: a token's keys at two positions have
+                    # the same norm on layer 0) leave the cut ambiguous.
+                    first = max(int(len(kept[h]) * self.press.first_stage_ratio), n_safe)
+                    if 0 < first < n:
+                        kth = float(torch.sort(s64[h], descending=True).values[first - 1])
+                        tol = TIE_RTOL * abs(kth) if kth != 0 else 1e-30
+                        band = ((s64[h] - kth).abs() <= tol)
+                        if int((s64[h] > kth + tol).sum()) + int(band.sum()) > first:
+                            hb |= set(band.nonzero().flatten().tolist())
+                    # Stage 2 ranks (s + eps) * |W_o v|_1: equal raw scores with equal values (the same
+                    # token on layer 0, whose values carry no position) tie there too. Any group of raw
+                    # scores within SAME_SCORE_RTOL holding both kept and dropped positions is ambiguous.
+                    order = torch.sort(s64[h], descending=True).indices.tolist()
+                    i = 0
+                    while i < n:
+                        j = i + 1
+                        while j < n and abs(float(s64[h, order[j]]) - float(s64[h, order[i]])) <= \
+                                SAME_SCORE_RTOL * abs(float(s64[h, order[i]])):
+                            j += 1
+                        group = order[i:j]
+                        if len({bool(mask[h, q]) for q in group}) > 1:
+                            hb |= set(group)
+                        i = j
                 bands.append(sorted(hb))
         self.layers[layer] = {
             "n": n,

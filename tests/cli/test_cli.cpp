@@ -276,13 +276,13 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   std::istringstream lines(listed.out);
   size_t n_listed = 0, n_no_replay = 0;
   // One line a method, then its paper preset's line (indented). --method all leaves out the methods
-  // that need the model (criticalkv its weights, kvzip a second prefill), and naming one is an error
+  // that need the model (criticalkv and criticaladakv its weights, kvzip a second prefill), and naming one is an error
   // naming --method.
   for (std::string line; std::getline(lines, line);) {
     n_listed += !line.empty() && line[0] != ' ';
     n_no_replay += line.find("[not in replay: needs") != std::string::npos;
   }
-  CHECK(n_no_replay == 2);
+  CHECK(n_no_replay == 3);
   CHECK(methods.size() == n_listed - n_no_replay);
   CHECK(n_listed >= 17);
   auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +

@@ -11,6 +11,7 @@
 //   * expected_attention scores keys by the expected attention of a Gaussian fitted to the
 //     un-rotated queries and moved by the average rotation, times |v|;
 //   * criticalkv keeps its scorer's best half, then the best of the scores times |W_o v|_1;
+//     criticaladakv does so on each head's share of the layer's budget, shared as adakv shares it;
 //   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention;
 //   * kvzip keeps the model-wide (or, layerwise, the layer's) best reconstruction scores, sinks
 //     always, layers not compressed left out of the cut (its scores: test_kvpress_golden.cpp).
@@ -464,6 +465,60 @@ TEST_CASE("criticalkv keeps the scorer's best half, then the best of (score + ep
   CHECK_THROWS_WITH_AS(make_compressor("criticalkv:knorm", {})->compress(no_wo, entries(6)),
                        doctest::Contains("output projection W_o"), Error);
   CHECK(compressor_info("criticalkv").needs_out_proj);
+}
+
+TEST_CASE("criticaladakv shares the layer's budget as adakv, then runs criticalkv's two stages per head (naive loop)") {
+  // 2 KV heads, 2 query heads each, d = 4, hidden = 6; one head's keys scaled down so that knorm
+  // prefers it and the heads' budgets differ.
+  auto kv = random_region(30, 2, 2, 2, 4, 21);
+  kv.keys[1].mul_(0.4);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(22);
+  kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto W = kv.out_proj.accessor<double, 2>();
+  for (int64_t b : {int64_t(6), int64_t(15)}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("criticaladakv:knorm", nlohmann::json::object())->compress(kv, entries(b));
+    std::vector<double> sc(60), crit(60);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < 30; ++j) {
+        double nn = 0;
+        for (int64_t c = 0; c < 4; ++c) nn += K[h][j][c] * K[h][j][c];
+        sc[h * 30 + j] = -std::sqrt(nn);
+        double wov = 0;
+        for (int64_t qh = 2 * h; qh < 2 * h + 2; ++qh)
+          for (int64_t o = 0; o < 6; ++o) {
+            double y = 0;
+            for (int64_t i = 0; i < 4; ++i) y += W[o][qh * 4 + i] * V[h][j][i];
+            wov += std::abs(y) / 2.0;
+          }
+        crit[h * 30 + j] = (sc[h * 30 + j] + 1e-4) * wov;
+      }
+    // Ada-KV: each head's max(1, ⌊0.2 b⌋) best, then the best of the rest over both heads, 2b in all.
+    const int64_t n_safe = std::max<int64_t>(1, int64_t(0.2 * double(b)));
+    std::vector<double> sel = sc;
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j : naive_top(std::vector<double>(sc.begin() + h * 30, sc.begin() + (h + 1) * 30), n_safe))
+        sel[h * 30 + j] = INFINITY;
+    int64_t budget[2] = {0, 0};
+    for (int64_t f : naive_top(sel, 2 * b)) ++budget[f / 30];
+    CHECK(budget[0] + budget[1] == 2 * b);
+    if (b == 15) CHECK(budget[1] > budget[0]);  // the heads hold different counts
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<double> s_h(sc.begin() + h * 30, sc.begin() + (h + 1) * 30),
+          c_h(crit.begin() + h * 30, crit.begin() + (h + 1) * 30);
+      const int64_t first = std::max(int64_t(double(budget[h]) * 0.5), n_safe);
+      std::vector<int64_t> want = naive_top(s_h, first);
+      for (int64_t j : want) c_h[j] = INFINITY;
+      want = naive_top(c_h, budget[h]);
+      std::vector<int64_t> got;
+      for (int64_t i : row(out.kept_idx, h))
+        if (i >= 0) got.push_back(i);
+      CHECK(got == want);
+    }
+  }
+  CHECK(compressor_info("criticaladakv").needs_out_proj);
 }
 
 // Compactor's scores by loops (sketch_dimension 0: exact leverage with the 1e-2 ridge): keys

@@ -19,6 +19,8 @@
 //   ObservedAttentionPress        h2o h2o_queries=all h2o_normalize=true recent=0
 //   CriticalKVPress(KnormPress)   criticalkv scorer=knorm (epsilon 1e-4, first_stage_ratio 0.5)
 //   CriticalKVPress(SnapKVPress)  criticalkv scorer=snapkv window=32 kernel=5 pooling=avg
+//   CriticalAdaKVPress(Knorm, SnapKV)  criticaladakv with the same scorers (alpha 0.2, epsilon
+//                                 1e-4, first_stage_ratio 0.5; heads keep different counts)
 //   CompactorPress(sketch 64)     compactor sketch_dimension=0 blending=<the compression ratio>
 //                                 (kvpress's Gaussian sketch replaced by the identity in the golden
 //                                 script: exact leverage scores on both sides)
@@ -114,6 +116,17 @@ std::pair<std::string, json> kvlab_method(const json& config) {
       q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
                 {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
     return q.contains("scorer") ? std::pair<std::string, json>{"adakv", q} : std::pair<std::string, json>{"", json()};
+  }
+  if (press == "CriticalAdaKVPress") {
+    const json& inner = p["press"];
+    json q = {{"alpha_safeguard", p["alpha_safeguard"]}, {"epsilon", p["epsilon"]},
+              {"first_stage_ratio", p["first_stage_ratio"]}};
+    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
+    if (inner["press"] == "SnapKVPress")
+      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
+                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
+    return q.contains("scorer") ? std::pair<std::string, json>{"criticaladakv", q}
+                                : std::pair<std::string, json>{"", json()};
   }
   if (press == "CriticalKVPress") {
     const json& inner = p["press"];
@@ -258,7 +271,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         for (int64_t h = 0; h < h_kv; ++h) total += r["n_kept"][l][h].get<int64_t>();
         REQUIRE(total % h_kv == 0);
         const int64_t b = total / h_kv;
-        if (method != "adakv")
+        if (method != "adakv" && method != "criticaladakv")
           for (int64_t h = 0; h < h_kv; ++h) REQUIRE(r["n_kept"][l][h].get<int64_t>() == b);
         const int64_t w = c->observation_queries() < 0 ? n : std::min<int64_t>(n, c->observation_queries());
         CompressOptions co;
@@ -277,7 +290,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           std::vector<int64_t> differ;
           for (int64_t p = 0; p < n; ++p)
             if (!band.count(p) && mine.count(p) != theirs.count(p)) differ.push_back(p);
-          INFO("layer " << l << " KV head " << h << " (kept " << mine.size() << " vs " << theirs.size() << ")");
+          INFO("layer " << l << " KV head " << h << " (kept " << mine.size() << " vs " << theirs.size() << "; differ at " << json(differ).dump() << ")");
           CHECK(differ.empty());
           CHECK(mine.size() == theirs.size());
         }
@@ -302,7 +315,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 56);  // 14 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 64);  // 16 presses x 2 ratios x 2 prompts
 }
 
 MethodSpec method_spec(const std::string& name, const json& params = json::object()) {

@@ -63,19 +63,7 @@ class AdaKV final : public Compressor {
     if (b >= n) return keep_all(kv);
     at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
     KVLAB_CHECK(scores.defined(), "adakv: scorer '{}' gives no per-position scores", scorer_name_);
-    const double* sc = scores.data_ptr<double>();
-    // Safeguard: each head's n_safe best, then the rest of the layer's H·b by score across heads.
-    const int64_t n_safe = alpha_ > 0 && b > 0 ? std::max<int64_t>(1, static_cast<int64_t>(alpha_ * b)) : 0;
-    std::vector<char> kept(static_cast<size_t>(h_kv * n), 0);
-    for (int64_t h = 0; h < h_kv; ++h)
-      for (int64_t i : detail::top_k_indices(sc + h * n, n, n_safe)) kept[h * n + i] = 1;
-    std::vector<int64_t> rest;  // flat (head, position) indices not safeguarded
-    for (int64_t f = 0; f < h_kv * n; ++f)
-      if (!kept[f]) rest.push_back(f);
-    const int64_t more = h_kv * b - h_kv * n_safe;
-    auto better = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
-    std::nth_element(rest.begin(), rest.begin() + more, rest.end(), better);
-    for (int64_t j = 0; j < more; ++j) kept[rest[j]] = 1;
+    const std::vector<char> kept = detail::adakv_selection(scores.data_ptr<double>(), h_kv, n, b, alpha_);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h)
       for (int64_t i = 0; i < n; ++i)
@@ -91,6 +79,30 @@ class AdaKV final : public Compressor {
 };
 
 }  // namespace
+
+namespace detail {
+
+int64_t adakv_safeguard(int64_t b, double alpha) {
+  return alpha > 0 && b > 0 ? std::max<int64_t>(1, static_cast<int64_t>(alpha * double(b))) : 0;
+}
+
+std::vector<char> adakv_selection(const double* sc, int64_t h_kv, int64_t n, int64_t b, double alpha) {
+  // Safeguard: each head's n_safe best, then the rest of the layer's H·b by score across heads.
+  const int64_t n_safe = adakv_safeguard(b, alpha);
+  std::vector<char> kept(static_cast<size_t>(h_kv * n), 0);
+  for (int64_t h = 0; h < h_kv; ++h)
+    for (int64_t i : top_k_indices(sc + h * n, n, n_safe)) kept[h * n + i] = 1;
+  std::vector<int64_t> rest;  // flat (head, position) indices not safeguarded
+  for (int64_t f = 0; f < h_kv * n; ++f)
+    if (!kept[f]) rest.push_back(f);
+  const int64_t more = h_kv * b - h_kv * n_safe;
+  auto better = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
+  std::nth_element(rest.begin(), rest.begin() + more, rest.end(), better);
+  for (int64_t j = 0; j < more; ++j) kept[rest[j]] = 1;
+  return kept;
+}
+
+}  // namespace detail
 
 std::unique_ptr<Compressor> make_adakv(const nlohmann::json& params) { return std::make_unique<AdaKV>(params); }
 

@@ -22,6 +22,13 @@
 // Parameters: scorer [snapkv], epsilon [1e-4], first_stage_ratio [0.5]; every other parameter is the
 //   scorer's own (e.g. `--param criticalkv.window=32`), checked by the scorer.
 //
+// criticaladakv (the paper's CriticalAdaKV; kvpress `CriticalAdaKVPress`): the layer's H·b entries
+// are first shared across its KV heads as adakv shares them (each head its ⌊α·b⌋ best, at least 1,
+// then the best across heads: head h gets B_h), then each head runs the two stages above on its own
+// budget B_h: stage 1 keeps its max(⌊first_stage_ratio · B_h⌋, safeguard) best scores (kvpress
+// raises the safeguarded entries to the float maximum, so they survive both stages), stage 2 the
+// best of (s + ε)·‖W_o v‖₁ for the rest. Parameters: criticalkv's and alpha_safeguard [0.2].
+//
 // Deviations and notes:
 //   - Needs the layer's W_o, which generation and the task commands pass (the model's wo); replay
 //     refuses it, since captures hold no weights.
@@ -33,7 +40,9 @@
 //   - Ties go to the lower index (torch.topk leaves them unspecified). Prefill-only, as kvpress.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
@@ -115,7 +124,83 @@ class CriticalKV final : public Compressor {
   nlohmann::json params_;
 };
 
+class CriticalAdaKV final : public Compressor {
+ public:
+  explicit CriticalAdaKV(const nlohmann::json& given) {
+    const auto [own, inner] =
+        detail::split_wrapper_params(given, {"scorer", "epsilon", "first_stage_ratio", "alpha_safeguard"});
+    Params p(own, "criticaladakv");
+    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+    epsilon_ = p.get_double("epsilon", 1e-4);
+    first_stage_ = p.get_double("first_stage_ratio", 0.5);
+    alpha_ = p.get_double("alpha_safeguard", 0.2);
+    KVLAB_CHECK(epsilon_ >= 0, "criticaladakv: parameter 'epsilon' must be >= 0, got {}", epsilon_);
+    KVLAB_CHECK(first_stage_ >= 0 && first_stage_ <= 1,
+                "criticaladakv: parameter 'first_stage_ratio' must be in [0, 1], got {}", first_stage_);
+    KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "criticaladakv: parameter 'alpha_safeguard' must be in [0, 1], got {}",
+                alpha_);
+    p.finish();
+    scorer_ = make_compressor(scorer_name_, inner);
+    params_ = detail::wrapper_params(p.effective(), *scorer_);
+  }
+  std::string name() const override { return "criticaladakv"; }
+  nlohmann::json params() const override { return params_; }
+  int64_t observation_queries() const override { return scorer_->observation_queries(); }
+  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
+
+  CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
+    KVLAB_CHECK(kv.out_proj.defined(), "criticaladakv: needs the layer's output projection W_o (LayerKV::out_proj), "
+                "which captures do not hold; run it in generation or a task command, where the model is loaded");
+    const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), b = resolve_budget(opt, n);
+    if (b >= n) return keep_all(kv);
+    const at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
+    KVLAB_CHECK(scores.defined(), "criticaladakv: scorer '{}' gives no per-position scores", scorer_name_);
+    const double* sc = scores.data_ptr<double>();
+    const std::vector<char> ada = detail::adakv_selection(sc, h_kv, n, b, alpha_);  // [Hkv·n] the layer's H·b
+    const at::Tensor wov = ((scores + epsilon_) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+    const double* re = wov.data_ptr<double>();  // [Hkv, n] stage 2's scores
+    const int64_t n_safe = detail::adakv_safeguard(b, alpha_);
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
+    for (int64_t h = 0; h < h_kv; ++h) {
+      const int64_t budget = std::count(ada.begin() + h * n, ada.begin() + (h + 1) * n, char(1));  // B_h
+      const int64_t first = std::min(budget, std::max(static_cast<int64_t>(double(budget) * first_stage_), n_safe));
+      std::vector<char> kept(static_cast<size_t>(n), 0);
+      for (int64_t i : detail::top_k_indices(sc + h * n, n, first)) kept[i] = 1;
+      std::vector<double> rest(re + h * n, re + (h + 1) * n);  // the others by (s + eps)·|W_o v|_1
+      for (int64_t i = 0; i < n; ++i)
+        if (kept[i]) rest[i] = -std::numeric_limits<double>::infinity();
+      for (int64_t i : detail::top_k_indices(rest.data(), n, budget - first)) kept[i] = 1;
+      for (int64_t i = 0; i < n; ++i)
+        if (kept[i]) rows[h].push_back(i);
+    }
+    return gather_kept(kv, detail::pad_index_rows(rows).to(kv.keys.device()));  // [Hkv, max_h B_h]
+  }
+
+ private:
+  std::string scorer_name_;
+  double epsilon_ = 1e-4, first_stage_ = 0.5, alpha_ = 0.2;
+  std::unique_ptr<Compressor> scorer_;
+  nlohmann::json params_;
+};
+
 }  // namespace
+
+std::unique_ptr<Compressor> make_criticaladakv(const nlohmann::json& params) {
+  return std::make_unique<CriticalAdaKV>(params);
+}
+
+// Preset "paper": the paper's CriticalAdaKV on SnapKV (window 32, max-pool kernel 7), kvpress's
+// ε = 1e-4, first_stage_ratio = 0.5 and Ada-KV's safeguard α = 0.2.
+MethodPreset paper_preset_criticaladakv() {
+  return {{{"scorer", "snapkv"}, {"epsilon", 1e-4}, {"first_stage_ratio", 0.5}, {"alpha_safeguard", 0.2},
+           {"window", 32}, {"kernel", 7}, {"pooling", "max"}},
+          0,
+          0,
+          "Feng et al. 2025 (CriticalAdaKV) on SnapKV (window 32, kernel 7 max-pool); kvpress CriticalAdaKVPress "
+          "epsilon 1e-4, first_stage_ratio 0.5, alpha 0.2",
+          "",
+          ""};
+}
 
 std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params) {
   return std::make_unique<CriticalKV>(params);

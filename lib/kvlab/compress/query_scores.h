@@ -147,6 +147,12 @@ inline at::Tensor pad_index_rows(const std::vector<std::vector<int64_t>>& rows) 
   return out;
 }
 
+// Ada-KV's allocation (adakv.cpp; criticaladakv shares it): of a layer's scores sc [Hkv, n]
+// (row-major float64, +inf = always kept), each head's adakv_safeguard(b, alpha) best, then the
+// best of the rest across heads, H·b in all; ties to the lower (head, position). A kept mask [Hkv·n].
+int64_t adakv_safeguard(int64_t b, double alpha);  // max(1, ⌊alpha·b⌋), 0 when alpha or b is 0
+std::vector<char> adakv_selection(const double* sc, int64_t h_kv, int64_t n, int64_t b, double alpha);
+
 // The methods with Compressor::keep_scores, which the wrappers (adakv, criticalkv) take as scorers
 // (kvzip: its own layer's scores; the wrapper then allocates within the layer).
 inline const std::vector<std::string>& top_score_methods() {

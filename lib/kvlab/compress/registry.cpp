@@ -39,6 +39,7 @@ std::unique_ptr<Compressor> make_expected_attention(const nlohmann::json& params
 std::unique_ptr<Compressor> make_compactor(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_kvzip(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_criticaladakv(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
 MethodPreset paper_preset_exact();
@@ -67,6 +68,7 @@ MethodPreset paper_preset_expected_attention();
 MethodPreset paper_preset_compactor();
 MethodPreset paper_preset_criticalkv();
 MethodPreset paper_preset_kvzip();
+MethodPreset paper_preset_criticaladakv();
 
 namespace {
 
@@ -136,6 +138,11 @@ const std::vector<CompressorInfo>& table() {
        make_criticalkv, paper_preset_criticalkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: the scorer's cost + O(H n d D) projected values",
         "known cost: the wrapped scorer's, then each value through its head's slice of W_o, O(H·n·d·D) for hidden size D, and a top-k (CriticalKV, Feng et al. 2025)"},
+       /*wrapper=*/true, /*needs_out_proj=*/true},
+      {"criticaladakv", "adakv's budgets across a layer's KV heads, then criticalkv's two stages on each head's own (CriticalAdaKV; kvpress CriticalAdaKVPress); needs the model's W_o",
+       make_criticaladakv, paper_preset_criticaladakv, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: the scorer's cost + O(H n d D) projected values",
+        "known cost: the wrapped scorer's, a top-k over the layer's H·n scores, each value through its head's slice of W_o, O(H·n·d·D), and per-head top-ks (CriticalKV, Feng et al. 2025)"},
        /*wrapper=*/true, /*needs_out_proj=*/true},
       {"kvzip", "attention each entry gets while the model repeats its context (a second prefill), one cut over all layers and heads, query-agnostic (KVzip; kvpress KVzipPress)",
        make_kvzip, paper_preset_kvzip, /*halving=*/false, /*streaming=*/false,
