@@ -100,7 +100,7 @@ TIE_RTOL = 1e-5
 SAME_SCORE_RTOL = 1e-6
 # Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
 NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
-             "CriticalAdaKVPress(SnapKVPress)"}
+             "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -170,6 +170,9 @@ def make_configs(kvpress):
         cfgs.append(("CriticalAdaKVPress(SnapKVPress)",
                      lambda r: kvpress.CriticalAdaKVPress(press=kvpress.SnapKVPress(
                          compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    if hasattr(kvpress, "NonCausalAttnPress"):
+        # Compactor's attention half on its own (no sinks; kvlab: compactor with sinks 0 and blending 0).
+        cfgs.append(("NonCausalAttnPress", lambda r: kvpress.NonCausalAttnPress(compression_ratio=r), "sdpa"))
     return cfgs
 
 

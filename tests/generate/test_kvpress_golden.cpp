@@ -21,6 +21,7 @@
 //   CriticalKVPress(SnapKVPress)  criticalkv scorer=snapkv window=32 kernel=5 pooling=avg
 //   CriticalAdaKVPress(Knorm, SnapKV)  criticaladakv with the same scorers (alpha 0.2, epsilon
 //                                 1e-4, first_stage_ratio 0.5; heads keep different counts)
+//   NonCausalAttnPress            compactor sink_start=0 sink_end=0 blending=0 (its attention half)
 //   CompactorPress(sketch 64)     compactor sketch_dimension=0 blending=<the compression ratio>
 //                                 (kvpress's Gaussian sketch replaced by the identity in the golden
 //                                 script: exact leverage scores on both sides)
@@ -117,6 +118,8 @@ std::pair<std::string, json> kvlab_method(const json& config) {
                 {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
     return q.contains("scorer") ? std::pair<std::string, json>{"adakv", q} : std::pair<std::string, json>{"", json()};
   }
+  if (press == "NonCausalAttnPress")  // Compactor's attention half: no sinks, no leverage
+    return {"compactor", {{"sink_start", 0}, {"sink_end", 0}, {"blending", 0.0}, {"chunk_size", p["chunk_size"]}}};
   if (press == "CriticalAdaKVPress") {
     const json& inner = p["press"];
     json q = {{"alpha_safeguard", p["alpha_safeguard"]}, {"epsilon", p["epsilon"]},
@@ -255,7 +258,8 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
       continue;
     }
     json mp = params;
-    if (method == "compactor") mp["blending"] = config["params"]["compression_ratio"];  // kvpress's blending=None
+    if (method == "compactor" && !mp.contains("blending"))
+      mp["blending"] = config["params"]["compression_ratio"];  // kvpress's blending=None
     auto c = make_compressor(method, mp);
     for (const auto& r : config["results"]) {
       const std::string prompt = r["prompt"];
@@ -315,7 +319,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 64);  // 16 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 68);  // 17 presses x 2 ratios x 2 prompts
 }
 
 MethodSpec method_spec(const std::string& name, const json& params = json::object()) {
