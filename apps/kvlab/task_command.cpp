@@ -113,12 +113,8 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.keep_last = o.keep_last;
   to.batch = !o.no_batch;
   to.protocol = parse_task_protocol(o.protocol, o.decode_rule);
-  {
-    std::string template_name = "none";  // the template --chat-template resolves to for this model
-    apply_model_chat_messages(o.chat_template, tm.src, tm.tok, {{"user", "x"}}, &template_name);
-    to.reconstruction_templated = reconstruction_prompt(tm.tok, template_name);
-    to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
-  }
+  to.reconstruction_templated = reconstruction_prompt(tm.tok, resolve_model_chat_template(o.chat_template, tm.src, tm.tok));
+  to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
   if (o.kept_out) to.kept_dir = run.file("kept");
   const auto [shard_i, shard_n] = parse_shard(o.shard);
   std::vector<TaskRecord> mine;

@@ -24,6 +24,8 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kvlab/attention/rope.h"
@@ -428,32 +430,38 @@ TEST_CASE("a wrapper composes with a scorer by name: adakv:knorm is adakv with s
   CHECK_THROWS_WITH_AS(make_compressor("adakv:chelsea", {}), doctest::Contains("parameter 'scorer'"), Error);
 }
 
+// knorm's score −‖k‖ of (KV head h, position j) and criticalkv's (score + 1e-4)·|W_o v|_1, the L1
+// norm of each of the group's query heads' slice of W_o times v, averaged over the group; by loops
+// (kv.out_proj [hidden, Hq·d] float64, g = Hq / Hkv).
+static std::pair<double, double> naive_knorm_critical(const LayerKV& kv, int64_t h, int64_t j) {
+  const int64_t d = kv.keys.size(2), hidden = kv.out_proj.size(0), g = kv.out_proj.size(1) / d / kv.keys.size(0);
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto W = kv.out_proj.accessor<double, 2>();
+  double nn = 0;
+  for (int64_t c = 0; c < d; ++c) nn += K[h][j][c] * K[h][j][c];
+  const double sc = -std::sqrt(nn);
+  double wov = 0;
+  for (int64_t qh = g * h; qh < g * (h + 1); ++qh)
+    for (int64_t o = 0; o < hidden; ++o) {
+      double y = 0;
+      for (int64_t i = 0; i < d; ++i) y += W[o][qh * d + i] * V[h][j][i];
+      wov += std::abs(y) / double(g);
+    }
+  return {sc, (sc + 1e-4) * wov};
+}
+
 TEST_CASE("criticalkv keeps the scorer's best half, then the best of (score + eps)·|W_o v|_1 (naive loop)") {
   // 2 KV heads, 2 query heads each, d = 4, hidden = 6.
   auto kv = random_region(30, 2, 2, 2, 4, 13);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(14);
   kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
-  auto K = kv.keys.accessor<double, 3>();
-  auto V = kv.values.accessor<double, 3>();
-  auto W = kv.out_proj.accessor<double, 2>();
   for (int64_t b : {int64_t(6), int64_t(15)}) {
     INFO("budget=" << b);
     auto out = make_compressor("criticalkv:knorm", nlohmann::json::object())->compress(kv, entries(b));
     for (int64_t h = 0; h < 2; ++h) {
       std::vector<double> sc(30), crit(30);
-      for (int64_t j = 0; j < 30; ++j) {
-        double nn = 0;
-        for (int64_t c = 0; c < 4; ++c) nn += K[h][j][c] * K[h][j][c];
-        sc[j] = -std::sqrt(nn);
-        double wov = 0;  // mean over the group's query heads of sum_o |sum_i W[o][qh·d + i] v_i|
-        for (int64_t qh = 2 * h; qh < 2 * h + 2; ++qh)
-          for (int64_t o = 0; o < 6; ++o) {
-            double y = 0;
-            for (int64_t i = 0; i < 4; ++i) y += W[o][qh * 4 + i] * V[h][j][i];
-            wov += std::abs(y) / 2.0;
-          }
-        crit[j] = (sc[j] + 1e-4) * wov;
-      }
+      for (int64_t j = 0; j < 30; ++j) std::tie(sc[j], crit[j]) = naive_knorm_critical(kv, h, j);
       std::vector<int64_t> want = naive_top(sc, b / 2);
       for (int64_t j : want) crit[j] = INFINITY;
       want = naive_top(crit, b);
@@ -474,27 +482,12 @@ TEST_CASE("criticaladakv shares the layer's budget as adakv, then runs criticalk
   kv.keys[1].mul_(0.4);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(22);
   kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
-  auto K = kv.keys.accessor<double, 3>();
-  auto V = kv.values.accessor<double, 3>();
-  auto W = kv.out_proj.accessor<double, 2>();
   for (int64_t b : {int64_t(6), int64_t(15)}) {
     INFO("budget=" << b);
     auto out = make_compressor("criticaladakv:knorm", nlohmann::json::object())->compress(kv, entries(b));
     std::vector<double> sc(60), crit(60);
     for (int64_t h = 0; h < 2; ++h)
-      for (int64_t j = 0; j < 30; ++j) {
-        double nn = 0;
-        for (int64_t c = 0; c < 4; ++c) nn += K[h][j][c] * K[h][j][c];
-        sc[h * 30 + j] = -std::sqrt(nn);
-        double wov = 0;
-        for (int64_t qh = 2 * h; qh < 2 * h + 2; ++qh)
-          for (int64_t o = 0; o < 6; ++o) {
-            double y = 0;
-            for (int64_t i = 0; i < 4; ++i) y += W[o][qh * 4 + i] * V[h][j][i];
-            wov += std::abs(y) / 2.0;
-          }
-        crit[h * 30 + j] = (sc[h * 30 + j] + 1e-4) * wov;
-      }
+      for (int64_t j = 0; j < 30; ++j) std::tie(sc[h * 30 + j], crit[h * 30 + j]) = naive_knorm_critical(kv, h, j);
     // Ada-KV: each head's max(1, ⌊0.2 b⌋) best, then the best of the rest over both heads, 2b in all.
     const int64_t n_safe = std::max<int64_t>(1, int64_t(0.2 * double(b)));
     std::vector<double> sel = sc;

@@ -72,39 +72,60 @@ at::Tensor projected_value_norms(const at::Tensor& values, const at::Tensor& out
   return out / double(g);
 }
 
+// The parameters criticalkv and criticaladakv share (criticaladakv adds alpha_safeguard), read
+// with the method's name in every error, and the scorer they wrap.
+struct CriticalParams {
+  std::string scorer_name;
+  double epsilon = 1e-4, first_stage = 0.5, alpha = 0.2;
+  std::unique_ptr<Compressor> scorer;
+  nlohmann::json effective;
+
+  CriticalParams(const nlohmann::json& given, const std::string& method, bool adaptive) {
+    std::vector<std::string> own_keys = {"scorer", "epsilon", "first_stage_ratio"};
+    if (adaptive) own_keys.push_back("alpha_safeguard");
+    const auto [own, inner] = detail::split_wrapper_params(given, own_keys);
+    Params p(own, method);
+    scorer_name = p.get_string("scorer", "snapkv", detail::top_score_methods());
+    epsilon = p.get_double("epsilon", 1e-4);
+    first_stage = p.get_double("first_stage_ratio", 0.5);
+    if (adaptive) alpha = p.get_double("alpha_safeguard", 0.2);
+    KVLAB_CHECK(epsilon >= 0, "{}: parameter 'epsilon' must be >= 0, got {}", method, epsilon);
+    KVLAB_CHECK(first_stage >= 0 && first_stage <= 1, "{}: parameter 'first_stage_ratio' must be in [0, 1], got {}",
+                method, first_stage);
+    KVLAB_CHECK(alpha >= 0 && alpha <= 1, "{}: parameter 'alpha_safeguard' must be in [0, 1], got {}", method, alpha);
+    p.finish();
+    scorer = make_compressor(scorer_name, inner);
+    effective = detail::wrapper_params(p.effective(), *scorer);
+  }
+
+  // The scorer's [Hkv, n] scores, after checking the layer's W_o is there.
+  at::Tensor scores(const LayerKV& kv, const CompressOptions& opt, const std::string& method) const {
+    KVLAB_CHECK(kv.out_proj.defined(), "{}: needs the layer's output projection W_o, which captures do not hold, so "
+                "`kvlab replay` cannot run it (LayerKV::out_proj); run it in generation or a task command, where the "
+                "model is loaded", method);
+    at::Tensor s = scorer->keep_scores(kv, opt);  // [Hkv, n]
+    KVLAB_CHECK(s.defined(), "{}: scorer '{}' gives no per-position scores", method, scorer_name);
+    return s;
+  }
+};
+
 class CriticalKV final : public Compressor {
  public:
-  explicit CriticalKV(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "epsilon", "first_stage_ratio"});
-    Params p(own, "criticalkv");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
-    epsilon_ = p.get_double("epsilon", 1e-4);
-    first_stage_ = p.get_double("first_stage_ratio", 0.5);
-    KVLAB_CHECK(epsilon_ >= 0, "criticalkv: parameter 'epsilon' must be >= 0, got {}", epsilon_);
-    KVLAB_CHECK(first_stage_ >= 0 && first_stage_ <= 1,
-                "criticalkv: parameter 'first_stage_ratio' must be in [0, 1], got {}", first_stage_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
-  }
+  explicit CriticalKV(const nlohmann::json& given) : p_(given, "criticalkv", /*adaptive=*/false) {}
   std::string name() const override { return "criticalkv"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
+  nlohmann::json params() const override { return p_.effective; }
+  int64_t observation_queries() const override { return p_.scorer->observation_queries(); }
+  ReconstructionRequest reconstruction() const override { return p_.scorer->reconstruction(); }
 
   // The stage-2 scores with stage 1's choice at +inf.
   at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& opt) const override {
-    KVLAB_CHECK(kv.out_proj.defined(), "criticalkv: needs the layer's output projection W_o, which {} (LayerKV::out_proj); "
-                "run it in generation or a task command, where the model is loaded",
-                "captures do not hold, so `kvlab replay` cannot run it");
+    const at::Tensor scores = p_.scores(kv, opt, "criticalkv");  // [Hkv, n]
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), b = resolve_budget(opt, n);
-    at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
-    KVLAB_CHECK(scores.defined(), "criticalkv: scorer '{}' gives no per-position scores", scorer_name_);
     int64_t first = opt.budget.kind == Budget::Kind::ratio
-                        ? static_cast<int64_t>(opt.budget.ratio * double(n) * first_stage_)
-                        : static_cast<int64_t>(double(b) * first_stage_);
-    if (first_stage_ > 0) first = std::max<int64_t>(1, first);
-    auto out = ((scores + epsilon_) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+                        ? static_cast<int64_t>(opt.budget.ratio * double(n) * p_.first_stage)
+                        : static_cast<int64_t>(double(b) * p_.first_stage);
+    if (p_.first_stage > 0) first = std::max<int64_t>(1, first);
+    auto out = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
     const double* sc = scores.data_ptr<double>();
     double* o = out.data_ptr<double>();
     for (int64_t h = 0; h < h_kv; ++h)
@@ -118,52 +139,30 @@ class CriticalKV final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
-  double epsilon_ = 1e-4, first_stage_ = 0.5;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
+  CriticalParams p_;
 };
 
 class CriticalAdaKV final : public Compressor {
  public:
-  explicit CriticalAdaKV(const nlohmann::json& given) {
-    const auto [own, inner] =
-        detail::split_wrapper_params(given, {"scorer", "epsilon", "first_stage_ratio", "alpha_safeguard"});
-    Params p(own, "criticaladakv");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
-    epsilon_ = p.get_double("epsilon", 1e-4);
-    first_stage_ = p.get_double("first_stage_ratio", 0.5);
-    alpha_ = p.get_double("alpha_safeguard", 0.2);
-    KVLAB_CHECK(epsilon_ >= 0, "criticaladakv: parameter 'epsilon' must be >= 0, got {}", epsilon_);
-    KVLAB_CHECK(first_stage_ >= 0 && first_stage_ <= 1,
-                "criticaladakv: parameter 'first_stage_ratio' must be in [0, 1], got {}", first_stage_);
-    KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "criticaladakv: parameter 'alpha_safeguard' must be in [0, 1], got {}",
-                alpha_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
-  }
+  explicit CriticalAdaKV(const nlohmann::json& given) : p_(given, "criticaladakv", /*adaptive=*/true) {}
   std::string name() const override { return "criticaladakv"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
+  nlohmann::json params() const override { return p_.effective; }
+  int64_t observation_queries() const override { return p_.scorer->observation_queries(); }
+  ReconstructionRequest reconstruction() const override { return p_.scorer->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
-    KVLAB_CHECK(kv.out_proj.defined(), "criticaladakv: needs the layer's output projection W_o (LayerKV::out_proj), "
-                "which captures do not hold; run it in generation or a task command, where the model is loaded");
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    const at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
-    KVLAB_CHECK(scores.defined(), "criticaladakv: scorer '{}' gives no per-position scores", scorer_name_);
+    const at::Tensor scores = p_.scores(kv, opt, "criticaladakv");  // [Hkv, n]
     const double* sc = scores.data_ptr<double>();
-    const std::vector<char> ada = detail::adakv_selection(sc, h_kv, n, b, alpha_);  // [Hkv·n] the layer's H·b
-    const at::Tensor wov = ((scores + epsilon_) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+    const std::vector<char> ada = detail::adakv_selection(sc, h_kv, n, b, p_.alpha);  // [Hkv·n] the layer's H·b
+    const at::Tensor wov = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
     const double* re = wov.data_ptr<double>();  // [Hkv, n] stage 2's scores
-    const int64_t n_safe = detail::adakv_safeguard(b, alpha_);
+    const int64_t n_safe = detail::adakv_safeguard(b, p_.alpha);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h) {
       const int64_t budget = std::count(ada.begin() + h * n, ada.begin() + (h + 1) * n, char(1));  // B_h
-      const int64_t first = std::min(budget, std::max(static_cast<int64_t>(double(budget) * first_stage_), n_safe));
+      const int64_t first = std::min(budget, std::max(static_cast<int64_t>(double(budget) * p_.first_stage), n_safe));
       std::vector<char> kept(static_cast<size_t>(n), 0);
       for (int64_t i : detail::top_k_indices(sc + h * n, n, first)) kept[i] = 1;
       std::vector<double> rest(re + h * n, re + (h + 1) * n);  // the others by (s + eps)·|W_o v|_1
@@ -177,10 +176,7 @@ class CriticalAdaKV final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
-  double epsilon_ = 1e-4, first_stage_ = 0.5, alpha_ = 0.2;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
+  CriticalParams p_;
 };
 
 }  // namespace

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <memory>
 
 #include "kvlab/attention/exact_cache.h"
@@ -63,13 +62,9 @@ const at::Tensor& Prefill::reconstruction_scores(const Model& model, const Recon
     KVLAB_CHECK(reconstruction.defined(), "kvzip: no repeat prompt for its context reconstruction: it needs the "
                 "model's tokenizer (a model without one, or a command that does not tokenize, cannot run kvzip)");
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<at::Tensor> per_layer =
+    at::Tensor scores =
         kvlab::reconstruction_scores(model, k, v, windows, prompt, reconstruction, rq.chunk_size, rq.n_sink);
-    for (size_t l = 0; l < per_layer.size(); ++l)
-      if (!per_layer[l].defined())
-        per_layer[l] = at::full({k[l].size(0), k[l].size(1)}, std::numeric_limits<float>::quiet_NaN(),
-                                k[l].options().dtype(at::kFloat));
-    it = recon_.emplace(rq, std::make_pair(at::stack(per_layer), seconds_since(t0))).first;  // [L, Hkv, n]
+    it = recon_.emplace(rq, std::make_pair(scores, seconds_since(t0))).first;  // [L, Hkv, n]
   }
   if (seconds) *seconds = it->second.second;
   return it->second.first;

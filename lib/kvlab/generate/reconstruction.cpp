@@ -125,7 +125,7 @@ class ReconstructionAttention final : public AttentionBackend {
 
 }  // namespace
 
-std::vector<at::Tensor> reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
+at::Tensor reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
                                               const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
                                               const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
                                               int64_t chunk_size, int64_t n_sink) {
@@ -134,11 +134,14 @@ std::vector<at::Tensor> reconstruction_scores(const Model& model, const std::vec
   KVLAB_CHECK(int64_t(k.size()) == n_layers && int64_t(v.size()) == n_layers,
               "kvzip: the prefill holds {} layers, the model {}", k.size(), n_layers);
   KVLAB_CHECK(n_sink >= 0, "kvzip: parameter 'n_sink' must be >= 0, got {}", n_sink);
-  std::vector<at::Tensor> scores(static_cast<size_t>(n_layers));
+  at::Tensor all = at::zeros({n_layers, k[0].size(0), n}, k[0].options().dtype(at::kFloat));  // [L, Hkv, n]
+  std::vector<at::Tensor> scores(static_cast<size_t>(n_layers));  // views of the scored layers' rows
   for (int64_t l = 0; l < n_layers; ++l) {
     KVLAB_CHECK(k[l].size(1) == n, "kvzip: layer {} caches {} positions, the prompt has {}", l, k[l].size(1), n);
-    if (l >= int64_t(windows.size()) || windows[l] == 0)
-      scores[l] = at::zeros({k[l].size(0), n}, k[l].options().dtype(at::kFloat));  // [Hkv, n]
+    if (l < int64_t(windows.size()) && windows[l] > 0)
+      all[l].fill_(std::numeric_limits<float>::quiet_NaN());
+    else
+      scores[l] = all[l];  // [Hkv, n]
   }
   ReconstructionAttention attn(k, v, scores, n_sink);
   ForwardOptions fo;
@@ -147,7 +150,7 @@ std::vector<at::Tensor> reconstruction_scores(const Model& model, const std::vec
     attn.set_chunk(c.begin, c.end);
     forward(model, at::tensor(c.ids, at::kLong), n, attn, fo);
   }
-  return scores;
+  return all;
 }
 
 }  // namespace kvlab

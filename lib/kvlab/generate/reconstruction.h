@@ -54,10 +54,10 @@ struct ReconstructionChunk {
 std::vector<ReconstructionChunk> reconstruction_chunks(const std::vector<int64_t>& prompt,
                                                        const ReconstructionPrompt& rp, int64_t chunk_size);
 
-// Per layer, [n_kv_heads, n] float32 scores of the n prompt positions (0 where nothing is
-// reconstructed: the template prefix); undefined for a layer with windows[l] > 0 (a sliding layer
+// [n_layers, n_kv_heads, n] float32 scores of the n prompt positions (0 where nothing is
+// reconstructed: the template prefix); NaN rows for a layer with windows[l] > 0 (a sliding layer
 // held exactly, never compressed). k, v: the exact prefill's per-layer [Hkv, n, d] (not modified).
-std::vector<at::Tensor> reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
+at::Tensor reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
                                               const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
                                               const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
                                               int64_t chunk_size, int64_t n_sink);

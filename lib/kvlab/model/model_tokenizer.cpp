@@ -57,18 +57,21 @@ std::string apply_model_chat_template(const std::string& flag_value, const Model
   return apply_model_chat_messages(flag_value, src, tok, {ChatMessage{"user", prompt}}, resolved_name);
 }
 
-std::string apply_model_chat_messages(const std::string& flag_value, const ModelSource& src,
-                                      const Tokenizer& tok, const std::vector<ChatMessage>& msgs,
-                                      std::string* resolved_name) {
+std::string resolve_model_chat_template(const std::string& flag_value, const ModelSource& src, const Tokenizer& tok) {
   ChatTemplateHints hints;
   hints.tokenizer = &tok;
-  std::string name = flag_value;
   if (flag_value == "auto") {
     ModelTemplateInfo info = model_template_info(src);
     hints.jinja = info.jinja;
     hints.model_name = info.model_name;
   }
-  name = resolve_chat_template(flag_value, hints);
+  return resolve_chat_template(flag_value, hints);
+}
+
+std::string apply_model_chat_messages(const std::string& flag_value, const ModelSource& src,
+                                      const Tokenizer& tok, const std::vector<ChatMessage>& msgs,
+                                      std::string* resolved_name) {
+  const std::string name = resolve_model_chat_template(flag_value, src, tok);
   if (resolved_name) *resolved_name = name;
   return apply_chat_template(name, msgs, /*add_generation_prompt=*/true);
 }

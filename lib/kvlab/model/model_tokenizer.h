@@ -27,6 +27,9 @@ std::string apply_model_chat_template(const std::string& flag_value, const Model
                                       const Tokenizer& tok, const std::string& prompt,
                                       std::string* resolved_name = nullptr);
 
+// The template name --chat-template resolves to for this model ("auto" reads the model's hints).
+std::string resolve_model_chat_template(const std::string& flag_value, const ModelSource& src, const Tokenizer& tok);
+
 // The same for a conversation (system and user messages); "none" joins the contents with "\n".
 std::string apply_model_chat_messages(const std::string& flag_value, const ModelSource& src,
                                       const Tokenizer& tok, const std::vector<ChatMessage>& msgs,
