@@ -28,10 +28,12 @@ namespace {
 std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
 std::string longbench_dir() { return test::shared_dir() + "/data/longbench"; }
 
-// A prediction file's lines without the timing (the only field a rerun may change).
+// A prediction file's lines without the timings ("seconds", "compress_seconds", ...: the only
+// fields a rerun may change).
 std::vector<json> untimed(const std::string& path) {
   auto v = read_json_lines(path);
-  for (auto& l : v) l.erase("seconds");
+  for (auto& l : v)
+    for (const std::string key : {"seconds", "compress_seconds", "reconstruction_seconds"}) l.erase(key);
   return v;
 }
 

@@ -71,7 +71,7 @@ namespace {
 
 // The attention of one reconstruction forward: exact attention over the prefill's cache and the
 // new tokens (the prefill's tensors are read, never extended), and, on every compressed layer,
-// KVzip's scores of the chunk being rebuilt.
+// KVzip's scores of the chunk being rebuilt, taken from the same attention weights.
 class ReconstructionAttention final : public AttentionBackend {
  public:
   // scores: per layer [Hkv, n], filled chunk by chunk; undefined = a layer not scored.
@@ -83,38 +83,50 @@ class ReconstructionAttention final : public AttentionBackend {
   at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, int64_t pos0,
                     int64_t window) override {
     const at::Tensor keys = at::cat({k_[layer], k_new}, 1), values = at::cat({v_[layer], v_new}, 1);  // [Hkv, n+t, d]
-    if (scores_[layer].defined()) score(layer, q, k_new);
-    return causal_gqa_attention(q, keys, values, pos0, 128, window);  // [Hq, t, d]
+    if (!scores_[layer].defined()) return causal_gqa_attention(q, keys, values, pos0, 128, window);  // [Hq, t, d]
+    KVLAB_CHECK(window == 0, "kvzip: layer {} has a sliding window and cannot be scored", layer);
+    return attend_and_score(layer, q, keys, values);
   }
   void reset() override {}
 
  private:
-  // q [Hq, t, d] post-RoPE, k_new [Hkv, t, d]. Keys scored against: the first min(n_sink, begin)
-  // positions, the chunk [begin, end), the t reconstruction tokens (causal among themselves).
-  void score(int layer, const at::Tensor& q, const at::Tensor& k_new) {
-    const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = k_new.size(0), g = hq / hkv;
-    const int64_t sink = std::min(n_sink_, begin_), c = end_ - begin_;
-    const at::Tensor& kp = k_[layer];
-    const at::Tensor keys = at::cat({kp.narrow(1, 0, sink), kp.narrow(1, begin_, c), k_new}, 1)
-                                .transpose(1, 2)
-                                .contiguous();  // [Hkv, d, s+c+t]
-    const int64_t s_all = sink + c + t;
-    const double scale = 1.0 / std::sqrt(double(d));
+  // q [Hq, t, d] post-RoPE at positions n.. (after the prefill's n); keys, values [Hkv, n+t, d].
+  // -> the attention output [Hq, t, d]. One pass per block of queries: the weights p over every
+  // key (the n cached, the t new ones causally) give the output p·V; KVzip's softmax is over a
+  // subset S (the first min(n_sink, begin) positions, the chunk [begin, end), the t new tokens),
+  // and for a key j in S it equals p_j / sum_{i in S} p_i, so the chunk's scores come from the same
+  // weights: per cached key, the max over the KV group's query heads and every query.
+  at::Tensor attend_and_score(int layer, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values) {
+    const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = keys.size(0), g = hq / hkv;
+    const int64_t all = keys.size(1), n = all - t, sink = std::min(n_sink_, begin_), c = end_ - begin_;
+    const bool subset_is_all = sink == begin_ && end_ == n;  // no cached key left out of KVzip's softmax
+    const at::Tensor kt = keys.transpose(1, 2).contiguous();  // [Hkv, d, n+t]
     const at::Tensor q4 = q.reshape({hkv, g, t, d});
-    at::Tensor best = at::zeros({hkv, c}, q.options());  // [Hkv, c]
-    constexpr int64_t kBlock = 256;                      // reconstruction queries per block
-    for (int64_t t0 = 0; t0 < t; t0 += kBlock) {
-      const int64_t tb = std::min(kBlock, t - t0);
-      const at::Tensor qb = q4.narrow(2, t0, tb).reshape({hkv, g * tb, d});          // [Hkv, g*tb, d]
-      at::Tensor logits = at::bmm(qb, keys).mul_(scale).view({hkv, g, tb, s_all});  // [Hkv, g, tb, S]
-      // Query t0+j sees reconstruction token u <= t0+j.
-      const auto lopt = q.options().dtype(at::kLong);
+    const double scale = 1.0 / std::sqrt(double(d));
+    at::Tensor out = at::empty({hkv, g, t, d}, q.options());  // [Hkv, g, t, d]
+    at::Tensor best = at::zeros({hkv, c}, q.options());        // [Hkv, c]
+    // Queries per block: about 4M logits (16 MB in fp32) at a time.
+    const int64_t block = std::clamp<int64_t>((int64_t(1) << 22) / std::max<int64_t>(1, hq * all), 16, 256);
+    const auto lopt = q.options().dtype(at::kLong);
+    for (int64_t t0 = 0; t0 < t; t0 += block) {
+      const int64_t tb = std::min(block, t - t0);
+      const at::Tensor qb = q4.narrow(2, t0, tb).reshape({hkv, g * tb, d});                  // [Hkv, g*tb, d]
+      at::Tensor logits = at::bmm(qb, kt).mul_(scale).view({hkv, g, tb, all});              // [Hkv, g, tb, n+t]
+      // Query t0+j sees new token u <= t0+j.
       const at::Tensor hide = at::arange(t, lopt).unsqueeze(0) > at::arange(t0, t0 + tb, lopt).unsqueeze(1);  // [tb, t]
-      logits.narrow(3, sink + c, t).masked_fill_(hide, -std::numeric_limits<double>::infinity());
-      const at::Tensor probs = at::softmax(logits, -1).narrow(3, sink, c);           // [Hkv, g, tb, c]
-      best = at::maximum(best, std::get<0>(probs.reshape({hkv, g * tb, c}).max(1)));  // [Hkv, c]
+      logits.narrow(3, n, t).masked_fill_(hide, -std::numeric_limits<double>::infinity());
+      const at::Tensor p = at::softmax(logits, -1);                                           // [Hkv, g, tb, n+t]
+      out.narrow(2, t0, tb).copy_(at::bmm(p.view({hkv, g * tb, all}), values).view({hkv, g, tb, d}));
+      at::Tensor chunk = p.narrow(3, begin_, c);                                              // [Hkv, g, tb, c]
+      if (!subset_is_all) {
+        const at::Tensor mass = p.narrow(3, 0, sink).sum(-1, true) + chunk.sum(-1, true) +
+                                p.narrow(3, n, t).sum(-1, true);                              // [Hkv, g, tb, 1]
+        chunk = chunk / mass;
+      }
+      best = at::maximum(best, std::get<0>(chunk.reshape({hkv, g * tb, c}).max(1)));  // [Hkv, c]
     }
     scores_[layer].narrow(1, begin_, c).copy_(best);
+    return out.view({hq, t, d});
   }
 
   const std::vector<at::Tensor>& k_;

@@ -333,6 +333,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       // per record, counted for each branch that needs it).
       line["seconds"] = br.compress_ms / 1000.0 + br.decode_seconds + (i == 0 ? pre.seconds : 0.0) +
                         br.reconstruction_seconds;
+      line["compress_seconds"] = br.compress_ms / 1000.0;
       if (br.reconstruction_seconds > 0) line["reconstruction_seconds"] = br.reconstruction_seconds;
       std::ofstream f(files[i], std::ios::app);
       f << line.dump() << "\n";
