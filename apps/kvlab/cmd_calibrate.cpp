@@ -1,4 +1,6 @@
-// kvlab calibrate chelsea: Chelsea's offline calibration of outlier heads (App. B, §5.4).
+// kvlab calibrate chelsea | duo: the offline calibration runs of methods that need one.
+//
+// chelsea: Chelsea's outlier heads (App. B, §5.4).
 //
 //   kvlab calibrate chelsea --model M --text ../shared/data/wikitext2/wiki.test.raw
 //                           [--samples 8] [--tokens 2048] [--seed 0] [--threshold 0.8] --out F.json
@@ -10,11 +12,22 @@
 // similarity below `threshold` (chelsea_outlier_scores); averaged over the windows. High = outlier
 // head. The JSON ({"scores": [[layer 0 heads], ...], ...}) is what chelsea's `outliers` parameter
 // reads; its `outlier_fraction` (4%) picks the top heads.
+//
+//   kvlab calibrate duo --model M --text ../shared/data/wikitext2/wiki.test.raw
+//                       [--samples 50] [--tokens 2048] [--seed 0] [--q-len 500] --out F.json
+//
+// duo: DuoAttention's head scores as kvpress's on-the-fly variant makes them (duo_attention.h:
+// per window and layer, the mean query and key of each head, the area under the cumulated
+// attention curve of the last of q_len synthetic queries), averaged over the windows; kvpress
+// draws 50 BookSum chapters, this draws 50 windows of the given text. The JSON
+// ({"kind": "duo_head_scores", "scores": [[layer 0 heads], ..., null for sliding window layers]})
+// is what duo_attention's `heads` parameter reads.
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -22,6 +35,7 @@
 #include "commands.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/compress/chelsea.h"
+#include "kvlab/compress/duo_attention.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/progress.h"
 #include "kvlab/core/provenance.h"
@@ -83,52 +97,69 @@ struct ScoreTap : QkvTap {
   }
 };
 
-void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::json& effective) {
-  check_output_file(o.out, "--out", {o.model, o.text}, o.overwrite);
-  std::ifstream in(o.text, std::ios::binary);
-  KVLAB_CHECK(in.good(), "--text '{}': cannot open", o.text);
+// The model, its tokenizer's ids of --text, and `samples` windows of `tokens` ids at seeded random
+// offsets (each starting with the model's BOS, like a prompt), run through the prefill with `tap`.
+struct CalibrationRun {
+  Model model;
+  std::vector<int64_t> offsets;
+};
+
+CalibrationRun run_windows(const std::string& model_name, const std::string& text_path, const std::string& device,
+                           int64_t samples, int64_t tokens, int64_t seed, QkvTap& tap,
+                           const std::function<void(const Model&)>& on_loaded) {
+  std::ifstream in(text_path, std::ios::binary);
+  KVLAB_CHECK(in.good(), "--text '{}': cannot open", text_path);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  KVLAB_CHECK(!text.empty(), "--text '{}': the file is empty", o.text);
+  KVLAB_CHECK(!text.empty(), "--text '{}': the file is empty", text_path);
 
-  c10::InferenceMode guard;
-  ModelSource src = resolve_model(o.model, "--model");
+  ModelSource src = resolve_model(model_name, "--model");
   ModelLoadOptions lo;
-  lo.device = parse_device(o.device, "--device");
-  Model model = load_model(src, lo);
-  const ModelConfig& c = model.config;
+  lo.device = parse_device(device, "--device");
+  CalibrationRun run{load_model(src, lo), {}};
+  const ModelConfig& c = run.model.config;
   const int64_t ctx = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
-  KVLAB_CHECK(o.tokens <= ctx, "--tokens {} exceeds the model's context of {} tokens", o.tokens, ctx);
+  KVLAB_CHECK(tokens <= ctx, "--tokens {} exceeds the model's context of {} tokens", tokens, ctx);
   Tokenizer tok = load_model_tokenizer(src);
   const std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/false);
-  KVLAB_CHECK(static_cast<int64_t>(ids.size()) >= o.tokens, "--text '{}' has {} tokens, fewer than --tokens {}",
-              o.text, ids.size(), o.tokens);
+  KVLAB_CHECK(static_cast<int64_t>(ids.size()) >= tokens, "--text '{}' has {} tokens, fewer than --tokens {}",
+              text_path, ids.size(), tokens);
+  on_loaded(run.model);
+  ExactAttention attn(c.n_layers);
+  ForwardOptions fo;
+  fo.tap = &tap;
+  fo.logits = false;
+  std::mt19937_64 gen(static_cast<uint64_t>(seed));
+  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(ids.size()) - tokens);
+  Progress progress("calibrate", samples);
+  for (int64_t s = 0; s < samples; ++s) {
+    const int64_t off = offset(gen);
+    run.offsets.push_back(off);
+    std::vector<int64_t> window(ids.begin() + off, ids.begin() + off + tokens);
+    if (c.bos_token_id >= 0) window.front() = c.bos_token_id;  // each window starts like a prompt
+    attn.reset();
+    forward(run.model, at::tensor(window, at::kLong), 0, attn, fo);
+    progress.advance(1, fmt::format("window at token {}", off));
+  }
+  progress.finish();
+  return run;
+}
 
+void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::json& effective) {
+  check_output_file(o.out, "--out", {o.model, o.text}, o.overwrite);
+  c10::InferenceMode guard;
   ScoreTap tap;
   tap.cfg.n_sink = o.n_sink;
   tap.cfg.n_recent = o.n_recent;
   tap.cfg.chunk = o.chunk;
   tap.threshold = o.threshold;
-  tap.sum = at::zeros({c.n_layers, c.n_kv_heads}, at::kDouble);
-  ExactAttention attn(c.n_layers);
-  ForwardOptions fo;
-  fo.tap = &tap;
-  fo.logits = false;
-  std::mt19937_64 gen(static_cast<uint64_t>(o.seed));
-  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(ids.size()) - o.tokens);
-  std::vector<int64_t> offsets;
-  Progress progress("calibrate", o.samples);
-  for (int64_t s = 0; s < o.samples; ++s) {
-    const int64_t off = offset(gen);
-    offsets.push_back(off);
-    std::vector<int64_t> window(ids.begin() + off, ids.begin() + off + o.tokens);
-    if (c.bos_token_id >= 0) window.front() = c.bos_token_id;  // each window starts like a prompt
-    attn.reset();
-    forward(model, at::tensor(window, at::kLong), 0, attn, fo);
-    progress.advance(1, fmt::format("window at token {}", off));
-  }
-  progress.finish();
+  CalibrationRun run = run_windows(o.model, o.text, o.device, o.samples, o.tokens, o.seed, tap, [&](const Model& m) {
+    tap.sum = at::zeros({m.config.n_layers, m.config.n_kv_heads}, at::kDouble);
+  });
+  const Model& model = run.model;
+  const ModelConfig& c = model.config;
+  const std::vector<int64_t>& offsets = run.offsets;
   auto scores = tap.sum / static_cast<double>(o.samples);  // [L, Hkv]
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -153,6 +184,85 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
              c.n_layers, c.n_kv_heads, o.samples, o.tokens, names.empty() ? " (none)" : names);
 }
 
+struct CalibrateDuoOptions {
+  bool overwrite = false;
+  std::string model;
+  std::string text;
+  int64_t samples = 50;
+  int64_t tokens = 2048;
+  int64_t seed = 0;
+  int64_t q_len = 500;
+  std::string device = "cpu";
+  std::string out;
+  void fields(FieldList& f) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
+    f.add("text", text, "calibration text (kvpress: BookSum chapters; here e.g. ../shared/data/wikitext2/wiki.test.raw)")
+        .required();
+    f.add("samples", samples, "windows drawn from the text (seeded; kvpress: 50 chapters)");
+    f.add("tokens", tokens, "tokens per window");
+    f.add("seed", seed, "seed of the window offsets");
+    f.add("q_len", q_len, "synthetic positions the mean query and key are rotated over (kvpress: 500)");
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("out", out, "output JSON (duo_attention's `heads` parameter reads it)").required();
+    f.add("overwrite", overwrite, "replace an existing --out file");
+  }
+  void check() const {
+    KVLAB_CHECK(samples >= 1, "--samples must be >= 1, got {}", samples);
+    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
+    KVLAB_CHECK(q_len >= 1, "--q-len must be >= 1, got {}", q_len);
+    parse_device(device, "--device");
+  }
+};
+
+// Accumulates every compressed layer's DuoAttention head scores over the windows.
+struct DuoTap : QkvTap {
+  const Model* model = nullptr;
+  int64_t q_len = 500;
+  at::Tensor sum;  // [n_layers, n_kv_heads] float64
+  bool wants(int layer) const override { return model->config.layer_window(layer) == 0; }
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor&) override {
+    sum[layer] += duo_head_scores(q, k, model->layer_inv_freq(layer), q_len);  // [Hkv]
+  }
+};
+
+void run_calibrate_duo(const CalibrateDuoOptions& o, const nlohmann::json& effective) {
+  check_output_file(o.out, "--out", {o.model, o.text}, o.overwrite);
+  c10::InferenceMode guard;
+  DuoTap tap;
+  tap.q_len = o.q_len;
+  CalibrationRun run = run_windows(o.model, o.text, o.device, o.samples, o.tokens, o.seed, tap, [&](const Model& m) {
+    tap.model = &m;
+    tap.sum = at::zeros({m.config.n_layers, m.config.n_kv_heads}, at::kDouble);
+  });
+  const ModelConfig& c = run.model.config;
+  const at::Tensor scores = tap.sum / static_cast<double>(o.samples);  // [L, Hkv]
+  nlohmann::json rows = nlohmann::json::array();
+  int64_t window_layers = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (c.layer_window(l) > 0) {  // held exactly, never compressed: left out of the ranking
+      rows.push_back(nullptr);
+      ++window_layers;
+      continue;
+    }
+    std::vector<double> r(c.n_kv_heads);
+    for (int64_t h = 0; h < c.n_kv_heads; ++h) r[h] = scores[l][h].item<double>();
+    rows.push_back(r);
+  }
+  nlohmann::json j = {{"kind", "duo_head_scores"},
+                      {"model", run.model.id},
+                      {"text", o.text},
+                      {"n_layers", c.n_layers},
+                      {"n_kv_heads", c.n_kv_heads},
+                      {"q_len", o.q_len},
+                      {"window_offsets", run.offsets},
+                      {"scores", rows},
+                      {"context", context_block(o.device, static_cast<uint64_t>(o.seed), effective)}};
+  write_json_atomic(o.out, j);
+  fmt::print(stderr, "[calibrate] wrote {}: DuoAttention scores of {} layers x {} KV heads ({} sliding window layers "
+             "left out) over {} windows of {} tokens\n", o.out, c.n_layers - window_layers, c.n_kv_heads,
+             window_layers, o.samples, o.tokens);
+}
+
 }  // namespace
 
 void setup_calibrate(CLI::App& app) {
@@ -162,6 +272,10 @@ void setup_calibrate(CLI::App& app) {
                                        "Chelsea's outlier heads (App. B): per (layer, KV head), the fraction of "
                                        "tokens whose best soft-matching edge has cosine < threshold",
                                        run_calibrate_chelsea);
+  add_command<CalibrateDuoOptions>(*group, "duo",
+                                   "DuoAttention's head scores (kvpress's on-the-fly variant): per (layer, KV head), "
+                                   "the area under the cumulated attention of the mean query over the mean key",
+                                   run_calibrate_duo);
 }
 
 }  // namespace kvlab::cli

@@ -127,6 +127,8 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
                  info.streaming && !decodes ? " [streams in its paper; kvlab's decode-time stream not built yet]" : "",
                  info.needs_out_proj         ? " [not in replay: needs the model's W_o]"
                  : info.needs_reconstruction ? " [not in replay: needs a second prefill through the model]"
+                 : info.needs_calibration    ? " [needs a calibration file (see --preset paper); --method all "
+                                               "leaves it out unless one is given]"
                                              : "");
       const MethodPreset p = info.paper();
       std::string keep = p.keep_first || p.keep_last

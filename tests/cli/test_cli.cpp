@@ -274,16 +274,18 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(agg["kept_fraction"].get<double>() > 0.3);
   auto listed = run_kvlab("replay --list-methods");
   std::istringstream lines(listed.out);
-  size_t n_listed = 0, n_no_replay = 0;
+  size_t n_listed = 0, n_no_replay = 0, n_calibrated = 0;
   // One line a method, then its paper preset's line (indented). --method all leaves out the methods
   // that need the model (criticalkv and criticaladakv its weights, kvzip a second prefill), and naming one is an error
-  // naming --method.
+  // naming --method; and those that need a calibration file none was given for (duo_attention).
   for (std::string line; std::getline(lines, line);) {
     n_listed += !line.empty() && line[0] != ' ';
     n_no_replay += line.find("[not in replay: needs") != std::string::npos;
+    n_calibrated += line.find("[needs a calibration file") != std::string::npos;
   }
   CHECK(n_no_replay == 3);
-  CHECK(methods.size() == n_listed - n_no_replay);
+  CHECK(n_calibrated == 1);
+  CHECK(methods.size() == n_listed - n_no_replay - n_calibrated);
   CHECK(n_listed >= 17);
   auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +
                         dir + "/rep_crit");

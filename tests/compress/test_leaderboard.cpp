@@ -15,6 +15,8 @@
 //   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention;
 //   * kvzip keeps the model-wide (or, layerwise, the layer's) best reconstruction scores, sinks
 //     always, layers not compressed left out of the cut (its scores: test_kvpress_golden.cpp).
+//   * duo_head_scores is the area under the last synthetic query's cumulated attention of the mean
+//     un-rotated q and k; duo_attention streams the lowest-scoring heads, the fewest the budget needs.
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -24,12 +26,16 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
+#include <filesystem>
+#include <fstream>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/duo_attention.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/core/check.h"
 
@@ -681,4 +687,129 @@ TEST_CASE("kvzip keeps the best reconstruction scores of the whole model, or of 
   kv.reconstruction_scores = at::Tensor();
   CHECK_THROWS_WITH_AS(make_compressor("kvzip", nlohmann::json::object())->compress(kv, entries(b)),
                        doctest::Contains("second prefill"), Error);
+}
+
+// DuoAttention's on-the-fly head score (kvpress duo_attention_on_the_fly) by loops: un-rotate
+// every position's query and key with explicit angles, average, rotate the means to positions
+// 0 .. q_len-1, softmax of the last query over the keys, the mean of its running sum; averaged
+// over the KV group.
+TEST_CASE("duo_head_scores: the area under the last query's cumulated attention of the mean q and k (naive loop)") {
+  const int64_t hkv = 2, g = 3, t = 12, d = 8, q_len = 50;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  auto o = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor inv_freq = rope_inv_freq(10000.0, d, RopeScaling{});  // [d/2]
+  const at::Tensor pre_q = at::randn({hkv * g, t, d}, gen, o), pre_k = at::randn({hkv, t, d}, gen, o).mul_(2);
+  const auto [cos, sin] = rope_cos_sin(inv_freq, 0, t, at::kFloat);
+  const at::Tensor q = apply_rope(pre_q, cos, sin), k = apply_rope(pre_k, cos, sin);  // post-RoPE at 0..t-1
+  const int64_t half = d / 2;
+  // x rotated by position p: pairs (i, i + d/2) by angle p·inv_freq[i].
+  auto rot = [&](const std::vector<double>& x, double p) {
+    std::vector<double> y(d);
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = p * inv_freq[i].item<double>(), c = std::cos(a), s = std::sin(a);
+      y[i] = x[i] * c - x[i + half] * s;
+      y[i + half] = x[i + half] * c + x[i] * s;
+    }
+    return y;
+  };
+  auto mean_pre = [&](const at::Tensor& x, int64_t h) {
+    std::vector<double> m(d, 0.0);
+    for (int64_t p = 0; p < t; ++p) {
+      std::vector<double> r(d);
+      for (int64_t c = 0; c < d; ++c) r[c] = x[h][p][c].item<double>();
+      const auto back = rot(r, -double(p));
+      for (int64_t c = 0; c < d; ++c) m[c] += back[c] / double(t);
+    }
+    return m;
+  };
+  const at::Tensor got = duo_head_scores(q, k, inv_freq, q_len);  // [Hkv]
+  REQUIRE(got.sizes() == at::IntArrayRef{hkv});
+  for (int64_t h = 0; h < hkv; ++h) {
+    double want = 0;
+    const auto km = mean_pre(k, h);
+    for (int64_t j = 0; j < g; ++j) {
+      const auto ql = rot(mean_pre(q, h * g + j), double(q_len - 1));
+      std::vector<double> s(q_len);
+      double mx = -1e300, z = 0;
+      for (int64_t p = 0; p < q_len; ++p) {
+        const auto kp = rot(km, double(p));
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += ql[c] * kp[c];
+        mx = std::max(mx, s[p] = dot / std::sqrt(double(d)));
+      }
+      for (double& x : s) z += (x = std::exp(x - mx));
+      double run = 0, area = 0;
+      for (int64_t p = 0; p < q_len; ++p) area += (run += s[p] / z) / double(q_len);
+      want += area / double(g);
+    }
+    CHECK(got[h].item<double>() == doctest::Approx(want).epsilon(1e-5));
+  }
+}
+
+// The compressor: the m lowest-scoring heads of the model stream (sinks + recent), the others keep
+// every position; m the fewest that fit the budget, over every compressed layer (or per layer).
+TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget needs (naive loop)") {
+  const int64_t n_layers = 4, h_kv = 3, n = 60, sink = 4, recent = 8;
+  const std::string path = std::string(KVLAB_BINARY_DIR) + "/test_tmp/duo_heads_naive.json";
+  std::filesystem::create_directories(std::string(KVLAB_BINARY_DIR) + "/test_tmp");
+  // Distinct scores; layer 2 is a window layer (null: not compressed, not ranked).
+  std::vector<std::vector<double>> sc = {{0.5, 0.1, 0.9}, {0.3, 0.8, 0.2}, {}, {0.7, 0.05, 0.6}};
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : sc) rows.push_back(r.empty() ? nlohmann::json(nullptr) : nlohmann::json(r));
+  std::ofstream(path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", rows}}.dump();
+  LayerKV kv = random_region(n, 0, h_kv, 1, 8, 3);
+  kv.n_layers = static_cast<int>(n_layers);
+  for (const bool layerwise : {false, true})
+    for (const int64_t b : {50, 30, 13, 9}) {
+      INFO("layerwise=" << layerwise << " b=" << b);
+      auto c = make_compressor("duo_attention",
+                               {{"heads", path}, {"sink", sink}, {"recent", recent}, {"layerwise", layerwise}});
+      // Naive: the window (scaled when b is below it), the count m, the m lowest heads.
+      int64_t s = sink, r = recent;
+      if (b < sink + recent) s = b * sink / (sink + recent), r = b - s;
+      std::vector<std::pair<double, int64_t>> ranked;  // (score, l·H + h)
+      for (int64_t l = 0; l < n_layers; ++l)
+        for (int64_t h = 0; h < h_kv && !sc[l].empty(); ++h) ranked.push_back({sc[l][h], l * h_kv + h});
+      std::set<int64_t> streaming;
+      auto pick = [&](std::vector<std::pair<double, int64_t>> heads) {
+        const int64_t N = static_cast<int64_t>(heads.size());
+        int64_t m = 0;
+        while (m < N && (N - m) * n + m * (s + r) > N * b) ++m;  // the fewest that fit
+        std::sort(heads.begin(), heads.end());
+        for (int64_t i = 0; i < m; ++i) streaming.insert(heads[i].second);
+      };
+      if (!layerwise) {
+        pick(ranked);
+      } else {
+        for (int64_t l = 0; l < n_layers; ++l) {
+          std::vector<std::pair<double, int64_t>> mine;
+          for (const auto& p : ranked)
+            if (p.second / h_kv == l) mine.push_back(p);
+          if (!mine.empty()) pick(mine);
+        }
+      }
+      int64_t total = 0;
+      for (int64_t l = 0; l < n_layers; ++l) {
+        if (sc[l].empty()) continue;
+        kv.layer = static_cast<int>(l);
+        const CompressedKV out = c->compress(kv, entries(b));
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::vector<int64_t> got, want;
+          for (int64_t i : row(out.kept_idx, h))
+            if (i >= 0) got.push_back(i);
+          for (int64_t i = 0; i < n; ++i)
+            if (!streaming.count(l * h_kv + h) || i < s || i >= n - r) want.push_back(i);
+          CHECK(got == want);
+          total += static_cast<int64_t>(got.size());
+        }
+      }
+      CHECK(total <= 3 * h_kv * b);  // within the budget of the 3 compressed layers
+      if (!layerwise && b == 30) CHECK(streaming.size() == 6);  // ceil(9·30/48)
+    }
+  // Errors that name the parameter: no file, a file of another model.
+  CHECK_THROWS_WITH_AS(make_compressor("duo_attention", nlohmann::json::object())->compress(kv, entries(10)),
+                       doctest::Contains("parameter 'heads' is empty"), Error);
+  kv.n_layers = 5;
+  CHECK_THROWS_WITH_AS(make_compressor("duo_attention", {{"heads", path}})->compress(kv, entries(10)),
+                       doctest::Contains("4 layers x 3 KV heads, but this model has 5 x 3"), Error);
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/attention/rope.h"
@@ -38,6 +39,28 @@ MethodSpec method(const std::string& name) {
   MethodSpec m;
   m.name = name;
   m.compressor = make_compressor(name, nlohmann::json::object());
+  return m;
+}
+
+// duo_attention's head scores for `model` (what `kvlab calibrate duo` writes; the real scores are
+// checked against kvpress in test_kvpress_golden.cpp): arbitrary distinct numbers, null rows for
+// sliding window layers. Returns the method with them.
+MethodSpec duo_method(const Model& model) {
+  const std::string path = test::temp_dir("duo_heads") + "/heads.json";
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t l = 0; l < model.config.n_layers; ++l) {
+    if (model.config.layer_window(l) > 0) {
+      rows.push_back(nullptr);
+      continue;
+    }
+    std::vector<double> r;
+    for (int64_t h = 0; h < model.config.n_kv_heads; ++h) r.push_back(double((l * 7 + h * 3) % 11) + 0.01 * double(h));
+    rows.push_back(r);
+  }
+  std::ofstream(path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", rows}}.dump();
+  MethodSpec m;
+  m.name = "duo_attention";
+  m.compressor = make_compressor("duo_attention", {{"heads", path}, {"sink", 2}, {"recent", 4}});
   return m;
 }
 
@@ -77,6 +100,7 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     if (info.needs_model()) continue;  // criticalkv, kvzip: replay cannot run them (no model)
+    if (info.needs_calibration) continue;  // duo_attention: its scores are the model's (own tests)
     const MethodSpec m = method(info.name);
     const Budget b = info.halving ? Budget::of_halvings(2) : Budget::of_ratio(0.25);
     CompressOptions co;
@@ -337,7 +361,8 @@ void check_batched_equals_sequential(const Model& model, const std::vector<int64
   std::vector<BranchSpec> specs;
   for (const auto& info : compressor_infos()) {
     const std::string name = info.name == "adakv" || info.name == "criticalkv" ? info.name + ":snapkv" : info.name;
-    specs.push_back({method(name), info.halving ? Budget::of_halvings(1) : Budget::of_ratio(0.5), 7, 0, 0});
+    const MethodSpec m = info.needs_calibration ? duo_method(model) : method(name);
+    specs.push_back({m, info.halving ? Budget::of_halvings(1) : Budget::of_ratio(0.5), 7, 0, 0});
   }
   specs.push_back({method("snapkv"), Budget::of_ratio(0.25), 7, 4, 8, true, true});  // exact parts, counted whole
   specs.push_back({method("h2o"), Budget::of_ratio(0.5), 7, 0, 0, /*stream=*/false});  // --prefill-only

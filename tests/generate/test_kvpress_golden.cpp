@@ -47,8 +47,10 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/duo_attention.h"
 #include "kvlab/compress/key_scores.h"
 #include "kvlab/core/config.h"
+#include "kvlab/core/report.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab/generate/branches.h"
 #include "kvlab/generate/reconstruction.h"
@@ -427,4 +429,95 @@ TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and gr
   MESSAGE("kvzip: " << compared << " (config, prompt) results compared; reconstruction scores within " << worst_score
                     << " (relative) of kvpress's");
   CHECK(compared == 9);  // 4 configs x 2 prompts + the chat template's
+}
+
+// DuoAttention (issue 22) against kvpress's DuoAttentionPress(on_the_fly_scoring=True):
+// tests/fixtures/kvpress_golden/duo_smollm2.json (data_scripts/make_duo_golden.py; 50 calibration
+// windows of 256 WikiText-2 tokens standing in for BookSum, a 1,000-token prompt, head compression
+// ratios 0.25 / 0.5 / 0.75). kvlab's head scores over the same windows (duo_head_scores on its
+// forward's q and k, what `kvlab calibrate duo` averages) equal kvpress's; with them, at the budget
+// that makes kvlab stream as many heads as kvpress (m = round(L·H·ratio)), the kept positions of
+// every (layer, KV head) and the greedy ids equal kvpress's.
+TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and greedy ids (issue 22)") {
+  const std::string gguf = smollm2_gguf();
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/duo_smollm2.json");
+  REQUIRE(g["version"].get<int>() == 1);
+  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
+  // The head scores: every window through the prefill, duo_head_scores on each layer's q and k.
+  struct Tap : QkvTap {
+    const Model* model;
+    int64_t q_len;
+    at::Tensor sum;  // [L, Hkv] float64
+    void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor&) override {
+      sum[layer] += duo_head_scores(q, k, model->layer_inv_freq(layer), q_len);
+    }
+  } tap;
+  tap.model = &model;
+  tap.q_len = g["q_len"].get<int64_t>();
+  tap.sum = at::zeros({n_layers, h_kv}, at::kDouble);
+  ExactAttention attn(n_layers);
+  ForwardOptions fo;
+  fo.tap = &tap;
+  fo.logits = false;
+  const auto& windows = g["windows"];
+  for (const auto& w : windows) {
+    attn.reset();
+    forward(model, at::tensor(w.get<std::vector<int64_t>>(), at::kLong), 0, attn, fo);
+  }
+  const at::Tensor mine = tap.sum / double(windows.size());  // [L, Hkv]
+  double worst = 0;
+  json rows = json::array();
+  for (int64_t l = 0; l < n_layers; ++l) {
+    std::vector<double> r;
+    for (int64_t h = 0; h < h_kv; ++h) {
+      const double theirs = g["head_scores"][l][h].get<double>(), m = mine[l][h].item<double>();
+      worst = std::max(worst, std::abs(m - theirs) / std::abs(theirs));
+      r.push_back(m);
+    }
+    rows.push_back(r);
+  }
+  CHECK(worst < 1e-4);
+  const std::string heads = test::temp_dir("duo_golden") + "/heads.json";
+  write_json_atomic(heads, {{"kind", "duo_head_scores"}, {"scores", rows}});
+
+  const auto ids = g["prompt"]["ids"].get<std::vector<int64_t>>();
+  const int64_t n = static_cast<int64_t>(ids.size()), heads_total = n_layers * h_kv;
+  const Prefill pre = run_prefill(model, ids, 0);
+  int compared = 0;
+  for (const auto& c : g["configs"]) {
+    INFO(c["name"].get<std::string>());
+    const int64_t sink = c["sink_size"].get<int64_t>(), recent = c["recent_size"].get<int64_t>();
+    const int64_t m = c["n_streaming"].get<int64_t>();
+    // The budget at which ceil(L·H·(n − b) / (n − sink − recent)) = m.
+    const int64_t b = n - m * (n - sink - recent) / heads_total;
+    BranchSpec spec{method_spec("duo_attention", {{"heads", heads}, {"sink", sink}, {"recent", recent}}),
+                    Budget::of_entries(b)};
+    BranchOptions bo;
+    bo.max_new_tokens = static_cast<int64_t>(c["greedy_ids"].size());
+    bo.keep_kept = true;
+    const BranchResult br = run_branch(model, pre, spec, bo);
+    int64_t kept_total = 0;
+    for (int64_t l = 0; l < n_layers; ++l)
+      for (int64_t h = 0; h < h_kv; ++h) {
+        std::set<int64_t> got;
+        for (const auto& q : br.kept["layers"][l]["kv_heads"][h]["positions"])
+          if (q.get<int64_t>() < n) got.insert(q.get<int64_t>());  // decoded tokens are appended
+        INFO("layer " << l << " KV head " << h);
+        CHECK(got == kept_positions(c["kept"][l][h].get<std::string>()));
+        kept_total += static_cast<int64_t>(got.size());
+      }
+    CHECK(kept_total == c["n_kept_total"].get<int64_t>());
+    CHECK(kept_total <= heads_total * b);  // within the budget
+    CHECK(br.ids == c["greedy_ids"].get<std::vector<int64_t>>());
+    ++compared;
+  }
+  MESSAGE("duo_attention: head scores within " << worst << " (relative) of kvpress's; " << compared
+                                               << " head compression ratios compared");
+  CHECK(compared == 3);
 }

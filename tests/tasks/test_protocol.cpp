@@ -73,7 +73,7 @@ TEST_CASE("presets: every method has a paper preset with its source; bad names f
     INFO("method=", info.name);
     const MethodPreset p = method_preset(info.name, "paper");
     CHECK(!p.source.empty());
-    if (info.name == "chelsea") continue;  // needs its calibration file (below)
+    if (info.name == "chelsea" || info.needs_calibration) continue;  // need their calibration files (below)
     const MethodSpec m = one(info.name, "paper");
     CHECK(m.preset == "paper");
     if (p.keep_first > 0) CHECK(m.keep_first == p.keep_first);
@@ -122,6 +122,34 @@ TEST_CASE("presets: chelsea's paper preset refuses to run without its outlier fi
                                 dir + "/o.json",
                             &out) == 0);
   CHECK_NOTHROW(one("chelsea", "paper", {"chelsea.outliers=" + dir + "/o.json"}));
+}
+
+TEST_CASE("presets: duo_attention's paper preset refuses to run without its head scores; kvlab calibrate duo writes them") {
+  const std::string dir = test::temp_dir("duo_preset");
+  CHECK_THROWS_WITH_AS(one("duo_attention", "paper"),
+                       doctest::Contains("kvlab calibrate duo --model stories260K"), Error);
+  if (!have_stories()) return;
+  std::string out;
+  REQUIRE(test::run_command(test::kvlab_bin() + " calibrate duo --model " + stories_dir() + " --text " +
+                                test::shared_dir() + "/data/wikitext2/wiki.test.raw --samples 2 --tokens 200 --out " +
+                                dir + "/h.json",
+                            &out) == 0);
+  const nlohmann::json h = read_json_file(dir + "/h.json");
+  CHECK(h["kind"] == "duo_head_scores");
+  CHECK(h["window_offsets"].size() == 2);
+  for (const auto& row : h["scores"])
+    for (const auto& s : row) CHECK((s.get<double>() > 0 && s.get<double>() < 1));  // an area under a CDF
+  CHECK_NOTHROW(one("duo_attention", "paper", {"duo_attention.heads=" + dir + "/h.json"}));
+  // The run refuses to overwrite it, and a NIAH run takes it.
+  CHECK(test::run_command(test::kvlab_bin() + " calibrate duo --model " + stories_dir() + " --text " +
+                              test::shared_dir() + "/data/wikitext2/wiki.test.raw --out " + dir + "/h.json",
+                          &out) != 0);
+  REQUIRE(test::run_command(test::kvlab_bin() + " niah --model " + stories_dir() + " --haystack-dir " +
+                                test::shared_dir() + "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 " +
+                                "--method exact,duo_attention --ratio 0.5 --param duo_attention.heads=" + dir +
+                                "/h.json --param duo_attention.sink=4 --param duo_attention.recent=16 --quiet --out " +
+                                dir + "/run",
+                            &out) == 0);
 }
 
 TEST_CASE("balancekv --preset paper keeps [0, 32) and the last 32 prompt positions exact (--kept-out)") {

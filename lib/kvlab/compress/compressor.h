@@ -201,6 +201,10 @@ struct CompressorInfo {
   bool needs_out_proj = false;
   // Needs a second prefill through the model (Compressor::reconstruction: kvzip); replay refuses it.
   bool needs_reconstruction = false;
+  // Compresses only with a calibration file its parameters name (duo_attention's head scores from
+  // `kvlab calibrate duo`; its paper preset's required_file): without one it refuses, so the
+  // every-method tests leave it to its own.
+  bool needs_calibration = false;
   // Runs only where the model is loaded (generation, ppl, the task commands), not on a capture.
   bool needs_model() const { return needs_out_proj || needs_reconstruction; }
 };

@@ -107,6 +107,12 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     // yet, whether the preset names it or `--param chelsea.outliers=F` does: leave the method out
     // (its compressor reads the file when made).
     const std::string file_key = method_preset(name, "paper").required_file;
+    // `all` leaves out a method that cannot run without a calibration file when none is named
+    // (duo_attention without `heads`); named in --method, it runs with its file or says which it needs.
+    if (spec == "all" && compressor_info(name).needs_calibration && !file_key.empty() &&
+        !(method_params.contains(file_key) && method_params[file_key].is_string() &&
+          !method_params[file_key].get<std::string>().empty()))
+      continue;
     if (!need_files && !file_key.empty() && method_params.contains(file_key) && method_params[file_key].is_string() &&
         !method_params[file_key].get<std::string>().empty() &&
         !std::filesystem::exists(method_params[file_key].get<std::string>()))

@@ -44,7 +44,8 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
 // (the run's --model) fills "{model}" in a preset's file names. A preset's required file (Chelsea's
 // outlier heads) must exist: the error names it and the command that makes it. With
 // `need_files` false (a command's check() before a dry run: an earlier step may make the file) a
-// method whose calibration file does not exist yet is left out of the result instead.
+// method whose calibration file does not exist yet is left out of the result instead. "all" leaves
+// out the methods that need a calibration file (CompressorInfo::needs_calibration) and are given none.
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset = "default",
                                       const std::string& model = "", bool need_files = true);

@@ -39,6 +39,7 @@ std::unique_ptr<Compressor> make_expected_attention(const nlohmann::json& params
 std::unique_ptr<Compressor> make_compactor(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_criticalkv(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_kvzip(const nlohmann::json& params);
+std::unique_ptr<Compressor> make_duo_attention(const nlohmann::json& params);
 std::unique_ptr<Compressor> make_criticaladakv(const nlohmann::json& params);
 
 // Paper presets, one per method file (preset.h).
@@ -68,6 +69,7 @@ MethodPreset paper_preset_expected_attention();
 MethodPreset paper_preset_compactor();
 MethodPreset paper_preset_criticalkv();
 MethodPreset paper_preset_kvzip();
+MethodPreset paper_preset_duo_attention();
 MethodPreset paper_preset_criticaladakv();
 
 namespace {
@@ -149,6 +151,11 @@ const std::vector<CompressorInfo>& table() {
        {2.0, "known: a second prefill over the cache, O(n^2 d) per layer",
         "known cost: the context fed again (repeat prompt + chunks of c tokens) attending over the n cached entries, O(n·(n + c)·d) per layer plus the dense layers of one more prefill, then a top-k over L·H·n scores (KVzip, Kim et al. 2025: '2-3 times the initial prefilling cost' in kvpress)"},
        /*wrapper=*/false, /*needs_out_proj=*/false, /*needs_reconstruction=*/true},
+      {"duo_attention", "retrieval heads keep every entry, streaming heads only 128 sinks + 256 recent, heads ranked by calibrated scores over the model (DuoAttention; kvpress DuoAttentionPress on-the-fly)",
+       make_duo_attention, paper_preset_duo_attention, /*halving=*/false, /*streaming=*/false,
+       {1.0, "known: a sort of the L·H head scores and an index gather, O(n d)",
+        "derived: the scores come from a calibration run made once per model (kvlab calibrate duo); compressing sorts L·H scores and gathers the kept rows"},
+       /*wrapper=*/false, /*needs_out_proj=*/false, /*needs_reconstruction=*/false, /*needs_calibration=*/true},
       {"pyramidkv", "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)",
        make_pyramidkv, paper_preset_pyramidkv, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: as SnapKV, O(w n d)",
