@@ -81,7 +81,7 @@ struct GenerateBenchOptions {
     for (int64_t b : branches) KVLAB_CHECK(b >= 1 && b <= 256, "--branches {}: must be in [1, 256]", b);
     std::string names = method;
     if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
-    require_run_keeps(build_methods(names, param, params), "the bench's own flags");
+    require_run_keeps(build_methods(names, param, params, "default", "", /*need_files=*/false), "the bench's own flags");
     budget_settings(ratio, {}, {});
     parse_compute_dtype(dtype, "--dtype");
     parse_device(device, "--device");

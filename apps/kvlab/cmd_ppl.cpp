@@ -70,7 +70,8 @@ struct PplOptionsCmd {
                 max_tokens);
     KVLAB_CHECK(!cache_size.empty(), "--cache-size: give at least one size");
     KVLAB_CHECK(seed >= 0, "--seed must be >= 0, got {}", seed);
-    require_run_keeps(build_methods(method, param, params), "the command's own exact-token flags");
+    require_run_keeps(build_methods(method, param, params, "default", "", /*need_files=*/false),
+                      "the command's own exact-token flags");
     parse_compute_dtype(dtype, "--dtype");
     parse_device(device, "--device");
   }

@@ -102,7 +102,8 @@ struct ReplayOptions {
     if (list_methods) return;
     KVLAB_CHECK(!capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
     budget_settings(ratio, budget, T);
-    require_run_keeps(without_model_weights(build_methods(method, param, params), method, "replay"),
+    require_run_keeps(without_model_weights(build_methods(method, param, params, "default", "", /*need_files=*/false),
+                                            method, "replay"),
                       "--keep-first / --keep-last");
     KVLAB_CHECK(seed_list.empty() || seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
                 "of {})", seeds, seed_list.size());

@@ -759,11 +759,12 @@ TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget
   std::ofstream(path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", rows}}.dump();
   LayerKV kv = random_region(n, 0, h_kv, 1, 8, 3);
   kv.n_layers = static_cast<int>(n_layers);
+  for (const bool fill : {false, true})
   for (const bool layerwise : {false, true})
     for (const int64_t b : {50, 30, 13, 9}) {
-      INFO("layerwise=" << layerwise << " b=" << b);
-      auto c = make_compressor("duo_attention",
-                               {{"heads", path}, {"sink", sink}, {"recent", recent}, {"layerwise", layerwise}});
+      INFO("fill=" << fill << " layerwise=" << layerwise << " b=" << b);
+      auto c = make_compressor("duo_attention", {{"heads", path}, {"sink", sink}, {"recent", recent},
+                                                 {"layerwise", layerwise}, {"fill", fill}});
       // Naive: the window (scaled when b is below it), the count m, the m lowest heads.
       int64_t s = sink, r = recent;
       if (b < sink + recent) s = b * sink / (sink + recent), r = b - s;
@@ -771,12 +772,14 @@ TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget
       for (int64_t l = 0; l < n_layers; ++l)
         for (int64_t h = 0; h < h_kv && !sc[l].empty(); ++h) ranked.push_back({sc[l][h], l * h_kv + h});
       std::set<int64_t> streaming;
+      int64_t r_fill = r;  // the streaming heads' recent window (fill: what the budget leaves, spread evenly)
       auto pick = [&](std::vector<std::pair<double, int64_t>> heads) {
         const int64_t N = static_cast<int64_t>(heads.size());
         int64_t m = 0;
         while (m < N && (N - m) * n + m * (s + r) > N * b) ++m;  // the fewest that fit
         std::sort(heads.begin(), heads.end());
         for (int64_t i = 0; i < m; ++i) streaming.insert(heads[i].second);
+        if (fill && m > 0) r_fill = std::min(n - s, r + (N * b - (N - m) * n - m * (s + r)) / m);
       };
       if (!layerwise) {
         pick(ranked);
@@ -798,14 +801,40 @@ TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget
           for (int64_t i : row(out.kept_idx, h))
             if (i >= 0) got.push_back(i);
           for (int64_t i = 0; i < n; ++i)
-            if (!streaming.count(l * h_kv + h) || i < s || i >= n - r) want.push_back(i);
+            if (!streaming.count(l * h_kv + h) || i < s || i >= n - r_fill) want.push_back(i);
           CHECK(got == want);
           total += static_cast<int64_t>(got.size());
         }
       }
       CHECK(total <= 3 * h_kv * b);  // within the budget of the 3 compressed layers
+      if (fill && !layerwise) CHECK(total > 3 * h_kv * b - 9);  // filled up to less than one entry a head
       if (!layerwise && b == 30) CHECK(streaming.size() == 6);  // ceil(9·30/48)
     }
+  // With exact sinks before the region (pos0 = 2: --keep-first), a streaming head's region holds
+  // sink − 2 sinks; the count and the fill use that, so the heads hold the whole budget:
+  // window 2 + 8, m = ceil(9·(60 − 30)/50) = 6, recent 8 + (270 − 3·60 − 6·10)/6 = 13.
+  kv.pos0 = 2;
+  {
+    auto c = make_compressor("duo_attention", {{"heads", path}, {"sink", sink}, {"recent", recent}});
+    int64_t total = 0;
+    for (int64_t l : {0, 1, 3}) {
+      kv.layer = static_cast<int>(l);
+      const CompressedKV out = c->compress(kv, entries(30));
+      for (int64_t h = 0; h < h_kv; ++h) {
+        std::vector<int64_t> got;
+        for (int64_t i : row(out.kept_idx, h))
+          if (i >= 0) got.push_back(i);
+        if (got.size() < size_t(n)) {  // a streaming head: [0, 2) and the last 13
+          std::vector<int64_t> want = {0, 1};
+          for (int64_t i = n - 13; i < n; ++i) want.push_back(i);
+          CHECK(got == want);
+        }
+        total += static_cast<int64_t>(got.size());
+      }
+    }
+    CHECK(total == 3 * h_kv * 30);
+  }
+  kv.pos0 = 0;
   // Errors that name the parameter: no file, a file of another model.
   CHECK_THROWS_WITH_AS(make_compressor("duo_attention", nlohmann::json::object())->compress(kv, entries(10)),
                        doctest::Contains("parameter 'heads' is empty"), Error);

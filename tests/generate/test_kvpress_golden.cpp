@@ -437,7 +437,7 @@ TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and gr
 // ratios 0.25 / 0.5 / 0.75). kvlab's head scores over the same windows (duo_head_scores on its
 // forward's q and k, what `kvlab calibrate duo` averages) equal kvpress's; with them, at the budget
 // that makes kvlab stream as many heads as kvpress (m = round(L·H·ratio)), the kept positions of
-// every (layer, KV head) and the greedy ids equal kvpress's.
+// every (layer, KV head) and the greedy ids equal kvpress's (fill=false: kvpress's fixed window).
 TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and greedy ids (issue 22)") {
   const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/duo_smollm2.json");
@@ -496,7 +496,7 @@ TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and gree
     const int64_t m = c["n_streaming"].get<int64_t>();
     // The budget at which ceil(L·H·(n − b) / (n − sink − recent)) = m.
     const int64_t b = n - m * (n - sink - recent) / heads_total;
-    BranchSpec spec{method_spec("duo_attention", {{"heads", heads}, {"sink", sink}, {"recent", recent}}),
+    BranchSpec spec{method_spec("duo_attention", {{"heads", heads}, {"sink", sink}, {"recent", recent}, {"fill", false}}),
                     Budget::of_entries(b)};
     BranchOptions bo;
     bo.max_new_tokens = static_cast<int64_t>(c["greedy_ids"].size());

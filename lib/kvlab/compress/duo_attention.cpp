@@ -16,13 +16,17 @@
 //   m = ceil(N·(n − b) / (n − sink − recent)) of the N compressed heads, capped at N,
 // so that (N − m)·n + m·(sink + recent) <= N·b (the memory is the budget's or a little under it).
 // When b < sink + recent, every head streams, with sink and recent scaled to b
-// (sink' = ⌊b·sink/(sink + recent)⌋, recent' = b − sink').
+// (sink' = ⌊b·sink/(sink + recent)⌋, recent' = b − sink'). With fill=true (kvlab's default: every
+// method at equal memory) what the streaming heads leave of the budget, N·b − (N − m)·n −
+// m·(sink + recent), widens their recent windows evenly; fill=false is kvpress's fixed window (the
+// memory then a little under the budget, or far under it when few heads are ranked together:
+// with 3 KV heads per layer and layerwise=true, at b = 0.2·n of 5k tokens all three stream 384).
 //
 //   scores   `heads` file [L, Hkv] float64 (kvlab calibrate duo), NaN rows = layers not compressed
 //   kept     per head an ascending index list: all n, or [0, sink) ∪ [n − recent, n)
 //
 // Parameters: heads [""] (a `kvlab calibrate duo` file; required), sink [128], recent [256]
-//   (kvpress's on-the-fly values), layerwise [false] (rank each layer's heads on their own, m per
+//   (kvpress's on-the-fly values), fill [true] (above), layerwise [false] (rank each layer's heads on their own, m per
 //   layer: replay's single-layer studies hold each layer at its budget).
 //
 // Deviations and notes:
@@ -31,8 +35,9 @@
 //     WikiText-2's test split, as Chelsea calibrates). The golden test feeds kvpress kvlab's windows.
 //   - Memory. kvpress masks the streaming heads' middle keys in its attention patch (its cache
 //     holds them); kvlab drops them (CompressedLayer::split_heads), so the bytes are the budget's.
-//   - The sinks are absolute positions < sink (with --keep-first, fewer in the region); the
-//     recent window is the region's last `recent` positions.
+//   - The sinks are absolute positions < sink (with --keep-first, fewer in the region, and the
+//     count of streaming heads and the fill use what the region holds); the recent window is the
+//     region's last `recent` positions.
 //   - Ties go to the lower (layer, head) (kvpress's np.argsort leaves them unspecified).
 //   - Sliding window layers (gemma3) are held exactly and left out of the ranking (kvpress refuses gemma3).
 //   - Prefill-only (as kvpress): decoded tokens are appended exactly to every head.
@@ -119,6 +124,7 @@ class DuoAttention final : public Compressor {
     sink_ = p.get_int("sink", 128);
     recent_ = p.get_int("recent", 256);
     layerwise_ = p.get_bool("layerwise", false);
+    fill_ = p.get_bool("fill", true);
     KVLAB_CHECK(sink_ >= 0, "duo_attention: parameter 'sink' must be >= 0, got {}", sink_);
     KVLAB_CHECK(recent_ >= 0, "duo_attention: parameter 'recent' must be >= 0, got {}", recent_);
     KVLAB_CHECK(sink_ + recent_ >= 1, "duo_attention: parameters 'sink' + 'recent' must be >= 1, got 0");
@@ -142,21 +148,29 @@ class DuoAttention final : public Compressor {
     // The window of a streaming head: sink + recent, scaled down to b when the budget is below it.
     int64_t sink = sink_, recent = recent_;
     if (b < sink + recent) sink = b * sink_ / (sink_ + recent_), recent = b - sink;
-    const int64_t sinks = std::clamp<int64_t>(sink - kv.pos0, 0, n), tail = std::min(recent, n - sinks);
     // The ranked heads (layer, head) as flat indices l·H + h: this layer's, or every compressed layer's.
     const double* sc = scores_.data_ptr<double>();
     std::vector<int64_t> heads;
     for (int64_t l = 0; l < kv.n_layers; ++l)
       if ((!layerwise_ || l == kv.layer) && !std::isnan(sc[l * h_kv]))
         for (int64_t i = 0; i < h_kv; ++i) heads.push_back(l * h_kv + i);
-    const int64_t total = static_cast<int64_t>(heads.size()), window = sink + recent;
+    // In the region: the sinks past any exact prefix (absolute positions < sink), the recent tail.
+    const int64_t sinks = std::clamp<int64_t>(sink - kv.pos0, 0, n);
+    recent = std::min(recent, n - sinks);
+    const int64_t total = static_cast<int64_t>(heads.size()), window = sinks + recent;
     const int64_t m = window >= n ? total
                                   : std::min(total, (total * (n - b) + (n - window) - 1) / (n - window));  // ceil
+    // fill: what the m streaming heads leave of the budget widens their recent windows evenly.
+    if (fill_ && m > 0) {
+      const int64_t left = total * b - (total - m) * n - m * window;
+      recent = std::min(recent + std::max<int64_t>(0, left) / m, n - sinks);
+    }
     auto lower = [sc](int64_t a, int64_t c) { return sc[a] < sc[c] || (sc[a] == sc[c] && a < c); };
     std::sort(heads.begin(), heads.end(), lower);
     std::vector<bool> streaming(static_cast<size_t>(h_kv), false);
     for (int64_t r = 0; r < m; ++r)
       if (heads[r] / h_kv == kv.layer) streaming[heads[r] % h_kv] = true;
+    const int64_t tail = recent;
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t i = 0; i < h_kv; ++i) {
       auto& row = rows[static_cast<size_t>(i)];
@@ -174,7 +188,7 @@ class DuoAttention final : public Compressor {
  private:
   std::string heads_path_;
   int64_t sink_ = 128, recent_ = 256;
-  bool layerwise_ = false;
+  bool layerwise_ = false, fill_ = true;
   at::Tensor scores_;  // [L, Hkv] float64, NaN rows = layers left out
   nlohmann::json params_;
 };
@@ -188,11 +202,16 @@ std::unique_ptr<Compressor> make_duo_attention(const nlohmann::json& params) {
 // Preset "paper": kvpress's on-the-fly DuoAttention (sink 128, recent 256, ranked over the model),
 // the head scores from `kvlab calibrate duo` on WikiText-2 (kvpress: BookSum, not reachable here).
 MethodPreset paper_preset_duo_attention() {
-  return {{{"heads", "calibration/duo_heads_{model}.json"}, {"sink", 128}, {"recent", 256}, {"layerwise", false}},
+  return {{{"heads", "calibration/duo_heads_{model}.json"},
+           {"sink", 128},
+           {"recent", 256},
+           {"fill", true},
+           {"layerwise", false}},
           0,
           0,
           "Xiao et al. 2025 (DuoAttention) / kvpress DuoAttentionPress on-the-fly: 128 sinks + 256 recent on "
-          "streaming heads, heads ranked over the model (scores from WikiText-2, not BookSum)",
+          "streaming heads (widened to fill the budget), heads ranked over the model (scores from WikiText-2, "
+          "not BookSum)",
           "heads",
           "kvlab calibrate duo --model {model} --text ../shared/data/wikitext2/wiki.test.raw "
           "--out calibration/duo_heads_{model}.json"};
