@@ -24,7 +24,8 @@ their observation window themselves (SnapKVPress.compute_window_attention), as k
 CompactorPress runs with sketch_dimension = head_dim (64) and its random sketch replaced by the
 identity (install_identity_sketch): kvpress draws the sketch from torch's global generator, which no
 other implementation can replay; with the identity the leverage scores are exact (with kvpress's
-1e-2 ridge) and kvlab's `compactor sketch_dimension=0` must equal them.
+1e-2 ridge) and kvlab's `compactor sketch_dimension=0` must equal them; LeverageScorePress (the
+leverage half alone) likewise, against `compactor sink_start=0 sink_end=0 attention=false`.
 
 Prompts: token ids of fixed passages from ../shared/data (first N tokens; SmolLM2 tokenizer from
 ../shared/tokenizers/smollm2/tokenizer.json with add_special_tokens=True, which adds no BOS for this
@@ -100,7 +101,8 @@ TIE_RTOL = 1e-5
 SAME_SCORE_RTOL = 1e-6
 # Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
 NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
-             "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress"}
+             "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress",
+             "LeverageScorePress(sketch_dimension=64, identity sketch)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -173,6 +175,11 @@ def make_configs(kvpress):
     if hasattr(kvpress, "NonCausalAttnPress"):
         # Compactor's attention half on its own (no sinks; kvlab: compactor with sinks 0 and blending 0).
         cfgs.append(("NonCausalAttnPress", lambda r: kvpress.NonCausalAttnPress(compression_ratio=r), "sdpa"))
+    if hasattr(kvpress, "LeverageScorePress"):
+        # Compactor's leverage half on its own (no sinks; kvlab: compactor with sinks 0 and
+        # attention=false), with the identity sketch as CompactorPress above.
+        cfgs.append(("LeverageScorePress(sketch_dimension=64, identity sketch)",
+                     lambda r: kvpress.LeverageScorePress(compression_ratio=r, sketch_dimension=64), "sdpa"))
     return cfgs
 
 

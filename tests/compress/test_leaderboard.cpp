@@ -606,6 +606,18 @@ TEST_CASE("compactor blends the keys' leverage with chunked non-causal attention
     auto out = c->compress(kv, entries(20));
     for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(want[h], 20));
   }
+  // attention=false: the leverage half alone (LeverageScorePress), the blend's slope in blending,
+  // naive(1) − naive(0); no queries needed.
+  {
+    nlohmann::json q = p;
+    q["attention"] = false;
+    auto lev_only = make_compressor("compactor", q);
+    CHECK(lev_only->observation_queries() == 0);
+    const auto w1 = naive_compactor(kv, 3, 4, 16, 1.0), w0 = naive_compactor(kv, 3, 4, 16, 0.0);
+    auto mine = lev_only->keep_scores(kv, CompressOptions());  // [Hkv, n]
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 3; j < 46; ++j) CHECK(mine[h][j].item<double>() == doctest::Approx(w1[h][j] - w0[h][j]).epsilon(1e-9));
+  }
   // blending -1 = the fraction removed: 1 - ratio for a ratio, 1 - b/n for an entry budget.
   nlohmann::json q = p;
   auto def = make_compressor("compactor", q);

@@ -22,6 +22,8 @@
 //   CriticalAdaKVPress(Knorm, SnapKV)  criticaladakv with the same scorers (alpha 0.2, epsilon
 //                                 1e-4, first_stage_ratio 0.5; heads keep different counts)
 //   NonCausalAttnPress            compactor sink_start=0 sink_end=0 blending=0 (its attention half)
+//   LeverageScorePress(sketch 64) compactor sink_start=0 sink_end=0 attention=false sketch_dimension=0
+//                                 (its leverage half; the identity sketch as below)
 //   CompactorPress(sketch 64)     compactor sketch_dimension=0 blending=<the compression ratio>
 //                                 (kvpress's Gaussian sketch replaced by the identity in the golden
 //                                 script: exact leverage scores on both sides)
@@ -143,6 +145,8 @@ std::pair<std::string, json> kvlab_method(const json& config) {
     return q.contains("scorer") ? std::pair<std::string, json>{"criticalkv", q}
                                 : std::pair<std::string, json>{"", json()};
   }
+  if (press == "LeverageScorePress" && p["sketch_dimension"].get<int64_t>() == 64)  // Compactor's leverage half
+    return {"compactor", {{"sink_start", 0}, {"sink_end", 0}, {"attention", false}, {"sketch_dimension", 0}}};
   if (press == "CompactorPress" && p["sketch_dimension"].get<int64_t>() == 64)  // the identity sketch
     return {"compactor", {{"sink_start", p["sink_size_start"]}, {"sink_end", p["sink_size_end"]},
                           {"chunk_size", p["chunk_size"]}, {"sketch_dimension", 0}}};
@@ -321,7 +325,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
                              << " greedy continuations compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 68);  // 17 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 72);  // 18 presses x 2 ratios x 2 prompts
 }
 
 MethodSpec method_spec(const std::string& name, const json& params = json::object()) {

@@ -27,7 +27,9 @@
 // Parameters: sink_start [8], sink_end [4], chunk_size [256], sketch_dimension [48] (0 = no sketch:
 //   Φ = I/√d, exact leverage with the same ridge; what the kvpress differential test uses, since
 //   kvpress draws Φ from torch's global generator), blending [-1 = the fraction removed: 1 − ratio
-//   for --ratio, 1 − b/n for an entry budget].
+//   for --ratio, 1 − b/n for an entry budget], attention [true] (false: the leverage score alone,
+//   no queries: with sink_start=0 sink_end=0 it is kvpress's LeverageScorePress, checked against it;
+//   sink_start=0 sink_end=0 blending=0 is its NonCausalAttnPress, the attention half).
 //
 // Deviations and notes:
 //   - The last chunk is padded as kvpress pads it: to chunk_size with zero queries and zero keys,
@@ -60,6 +62,7 @@ namespace {
 struct CompactorOptions {
   int64_t sink_start = 8, sink_end = 4, chunk_size = 256, sketch = 48;
   double blending = -1;
+  bool attention = true;  // false: the leverage score alone (kvpress's LeverageScorePress)
 };
 
 // (x − mean) / max(std, 1e-6) over every element; std unbiased (torch's default).
@@ -130,6 +133,7 @@ class Compactor final : public Compressor {
     o_.chunk_size = p.get_int("chunk_size", 256);
     o_.sketch = p.get_int("sketch_dimension", 48);
     o_.blending = p.get_double("blending", -1);
+    o_.attention = p.get_bool("attention", true);
     KVLAB_CHECK(o_.sink_start >= 0 && o_.sink_end >= 0,
                 "compactor: parameters 'sink_start' and 'sink_end' must be >= 0, got {} and {}", o_.sink_start, o_.sink_end);
     KVLAB_CHECK(o_.chunk_size >= 1, "compactor: parameter 'chunk_size' must be >= 1, got {}", o_.chunk_size);
@@ -141,7 +145,7 @@ class Compactor final : public Compressor {
   }
   std::string name() const override { return "compactor"; }
   nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return -1; }
+  int64_t observation_queries() const override { return o_.attention ? -1 : 0; }
 
   at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& opt) const override {
     KVLAB_CHECK(kv.rope_inv_freq.defined(), "compactor: the region came without the model's RoPE frequencies "
@@ -154,6 +158,10 @@ class Compactor final : public Compressor {
     auto pos = at::arange(kv.pos0 + lo, kv.pos0 + hi, at::kLong).unsqueeze(0).expand({h_kv, m});
     auto pre = rotate_by(kv.keys.to(at::kCPU, at::kDouble).narrow(1, lo, m), -pos, kv.rope_inv_freq.to(at::kCPU));
     auto lev = z_normalise(leverage_scores(pre, o_.sketch, opt.seed));                       // [Hkv, m]
+    if (!o_.attention) {  // LeverageScorePress: the leverage half alone
+      scores.narrow(1, lo, m).copy_(lev);
+      return scores;
+    }
     auto att = z_normalise(chunk_attention_scores(kv, lo, hi, o_.chunk_size));               // [Hkv, m]
     double blend = o_.blending;
     if (blend < 0)
