@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/simd.h"
 
 namespace kvlab {
 
@@ -35,6 +36,43 @@ bool one_query_applies(const at::Tensor& q, const KVSet& num, const KVSet* den) 
   return true;
 }
 
+namespace {
+
+// One KV head's group of g queries over its n entries: scores (dot products in float over 16
+// lanes, then in double), masks, softmax and Σ p_j v_j in double. qv [g, d], K [n, d], V [n, dv]
+// row-major; Bh [n] and Ph [n] may be null; s [g * n] and acc [dv] are scratch; out [g, dv].
+KVLAB_CLONES void one_group(const float* qv, int64_t g, int64_t d, const float* K, const float* V, int64_t n,
+                            int64_t dv, const float* Bh, const int64_t* Ph, int64_t qp, int64_t window, double scale,
+                            double* s, double* acc, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = K + i * d;
+    const bool masked = Ph && (Ph[i] > qp || (window > 0 && Ph[i] <= qp - window));
+    for (int64_t j = 0; j < g; ++j) {
+      const float dot = dot_lanes(qv + j * d, k, d);
+      s[j * n + i] = masked ? -std::numeric_limits<double>::infinity() : double(dot) * scale + (Bh ? double(Bh[i]) : 0.0);
+    }
+  }
+  for (int64_t j = 0; j < g; ++j) {
+    double* sj = s + j * n;
+    // attention_blocked's running max starts at -1e30, so a row with every key masked gives 0/0.
+    double mx = -1e30;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, sj[i]);
+    double l = 0;
+    std::fill(acc, acc + dv, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const double p = std::exp(sj[i] - mx);
+      if (p == 0.0) continue;
+      l += p;
+      const float* v = V + i * dv;
+      for (int64_t c = 0; c < dv; ++c) acc[c] += p * double(v[c]);
+    }
+    float* o = out + j * dv;
+    for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[c] / l);
+  }
+}
+
+}  // namespace
+
 at::Tensor attention_one_query(const at::Tensor& q_in, const KVSet& num, const AttentionOptions& opt) {
   KVLAB_CHECK(one_query_applies(q_in, num, nullptr), "attention_one_query: arguments it does not take");
   const at::Tensor q = q_in.contiguous();  // [Hq, 1, d]
@@ -49,42 +87,13 @@ at::Tensor attention_one_query(const at::Tensor& q_in, const KVSet& num, const A
   const float* kd = num.keys.data_ptr<float>();
   const float* vd = num.values.data_ptr<float>();
   const float* bd = num.bias.defined() ? num.bias.data_ptr<float>() : nullptr;
-  const int64_t* pd = num.pos.defined() ? num.pos.data_ptr<int64_t>() : nullptr;
+  const int64_t* pd = causal ? num.pos.data_ptr<int64_t>() : nullptr;
   const int64_t ks0 = num.keys.stride(0), vs0 = num.values.stride(0);
   const int64_t bs0 = bd ? num.bias.stride(0) : 0, ps0 = pd && num.pos.dim() == 2 ? num.pos.stride(0) : 0;
-  std::vector<double> s(static_cast<size_t>(n)), acc(static_cast<size_t>(dv));
-  for (int64_t h = 0; h < h_kv; ++h) {
-    const float* K = kd + h * ks0;
-    const float* V = vd + h * vs0;
-    const float* Bh = bd ? bd + h * bs0 : nullptr;
-    const int64_t* Ph = pd ? pd + h * ps0 : nullptr;
-    for (int64_t j = 0; j < g; ++j) {
-      const float* qv = qd + (h * g + j) * d;
-      // attention_blocked's running max starts at -1e30, so a row with every key masked gives 0/0.
-      double mx = -1e30;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* k = K + i * d;
-        float dot = 0.f;
-        for (int64_t c = 0; c < d; ++c) dot += qv[c] * k[c];
-        double si = double(dot) * scale + (Bh ? double(Bh[i]) : 0.0);
-        if (causal && (Ph[i] > qp || (opt.window > 0 && Ph[i] <= qp - opt.window)))
-          si = -std::numeric_limits<double>::infinity();
-        s[static_cast<size_t>(i)] = si;
-        mx = std::max(mx, si);
-      }
-      double l = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t i = 0; i < n; ++i) {
-        const double p = std::exp(s[static_cast<size_t>(i)] - mx);
-        if (p == 0.0) continue;
-        l += p;
-        const float* v = V + i * dv;
-        for (int64_t c = 0; c < dv; ++c) acc[static_cast<size_t>(c)] += p * double(v[c]);
-      }
-      float* o = od + (h * g + j) * dv;
-      for (int64_t c = 0; c < dv; ++c) o[c] = static_cast<float>(acc[static_cast<size_t>(c)] / l);
-    }
-  }
+  std::vector<double> s(static_cast<size_t>(g * n)), acc(static_cast<size_t>(dv));
+  for (int64_t h = 0; h < h_kv; ++h)
+    one_group(qd + h * g * d, g, d, kd + h * ks0, vd + h * vs0, n, dv, bd ? bd + h * bs0 : nullptr,
+              pd ? pd + h * ps0 : nullptr, qp, opt.window, scale, s.data(), acc.data(), od + h * g * dv);
   return out;
 }
 

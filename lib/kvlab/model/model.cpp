@@ -2,6 +2,7 @@
 #include "kvlab/model/model.h"
 
 #include "kvlab/core/check.h"
+#include "kvlab/model/few_rows.h"
 
 #include <c10/core/InferenceMode.h>
 
@@ -33,22 +34,17 @@ at::Tensor activate(const at::Tensor& g, bool gelu) { return gelu ? at::gelu(g, 
 // x [T, in], w [out, in], b [out] or undefined -> [T, out]. One row (a decode step) goes through
 // a matrix-vector product: as a GEMM with M = 1, OpenBLAS packs the whole weight matrix on every
 // call (62% of decode time in sgemm_incopy), where GEMV reads it once. A few rows (batched
-// decoding, issue 25) go through W xᵀ: with the weight as the tall left operand OpenBLAS ran the
+// decoding, issue 25) go through few_rows_linear, one pass over the weights (model/few_rows.h);
+// in another dtype, through W xᵀ: with the weight as the GEMM's tall left operand OpenBLAS ran the
 // layers' matrices (576-3072 rows, SmolLM2) 1.5-1.8x faster than x Wᵀ at 4-20 rows (2 threads);
 // for the 49k-row lm_head x Wᵀ stays faster, so it keeps it.
-// A few rows (batched decoding, issue 25) go through W xᵀ: with the weight as the GEMM's tall left
-// operand OpenBLAS ran the layers' matrices (576-3072 rows, SmolLM2) 1.5-1.8x faster than x Wᵀ
-// at 4-20 rows (2 threads); for the 49k-row lm_head x Wᵀ stays faster, so it keeps it.
 at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b = {}) {
   if (x.size(0) == 1 && x.device().is_cpu()) {
     at::Tensor y = at::mv(w, x.select(0, 0));  // [out]
     if (b.defined()) y.add_(b);
     return y.unsqueeze(0);                      // [1, out]
   }
-  if (x.size(0) <= 32 && w.size(0) <= 16384 && x.device().is_cpu()) {
-    at::Tensor y = at::mm(w, x.t()).t();  // [rows, out]
-    return b.defined() ? y + b : y.contiguous();
-  }
+  if (few_rows_applies(x, w, b)) return few_rows_linear(x, w, b);  // [rows, out]
   if (x.size(0) <= 32 && w.size(0) <= 16384 && x.device().is_cpu()) {
     at::Tensor y = at::mm(w, x.t()).t();  // [rows, out]
     return b.defined() ? y + b : y.contiguous();
