@@ -11,14 +11,13 @@ namespace kvlab {
 
 namespace {
 
-constexpr int64_t kLanes = kSimdLanes;
-constexpr int64_t kRows = 4;    // weight rows per block: each x load feeds four of them
+constexpr int64_t kRows = 4;  // weight rows per block: each x load feeds four of them
 
 // y[b, n] = Σ_c x[b, c] w[n, c] + bias[n] for n in [n0, n1) and every b < B. x [B, K], w [N, K],
 // y [B, N], all row-major; bias may be null.
 KVLAB_CLONES void few_rows_kernel(const float* x, int64_t B, int64_t K, const float* w, int64_t n0, int64_t n1,
                                   const float* bias, float* y, int64_t N) {
-  const int64_t kv = K / kLanes * kLanes;
+  const int64_t kv = K / kSimdLanes * kSimdLanes;
   int64_t n = n0;
   for (; n + kRows <= n1; n += kRows) {
     const float* w0 = w + n * K;
@@ -27,9 +26,9 @@ KVLAB_CLONES void few_rows_kernel(const float* x, int64_t B, int64_t K, const fl
     const float* w3 = w2 + K;
     for (int64_t b = 0; b < B; ++b) {
       const float* xb = x + b * K;
-      float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
-      for (int64_t c = 0; c < kv; c += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) {
+      float a0[kSimdLanes] = {}, a1[kSimdLanes] = {}, a2[kSimdLanes] = {}, a3[kSimdLanes] = {};
+      for (int64_t c = 0; c < kv; c += kSimdLanes)
+        for (int64_t l = 0; l < kSimdLanes; ++l) {
           const float xv = xb[c + l];
           a0[l] += w0[c + l] * xv;
           a1[l] += w1[c + l] * xv;
@@ -37,7 +36,7 @@ KVLAB_CLONES void few_rows_kernel(const float* x, int64_t B, int64_t K, const fl
           a3[l] += w3[c + l] * xv;
         }
       float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t l = 0; l < kLanes; ++l) s0 += a0[l], s1 += a1[l], s2 += a2[l], s3 += a3[l];
+      for (int64_t l = 0; l < kSimdLanes; ++l) s0 += a0[l], s1 += a1[l], s2 += a2[l], s3 += a3[l];
       for (int64_t c = kv; c < K; ++c) s0 += w0[c] * xb[c], s1 += w1[c] * xb[c], s2 += w2[c] * xb[c], s3 += w3[c] * xb[c];
       float* yb = y + b * N + n;
       yb[0] = s0 + (bias ? bias[n] : 0.f);
