@@ -103,12 +103,12 @@ double CompressedLayer::live_entries() const {
     for (const auto& s : heads) e += double(s.keys.size(1));
     return e / double(heads.size());
   }
-  if (!stream && live_count >= 0) return live_count;
-  at::Tensor n = live_per_head(num);
-  if (!stream) return live_count = n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
-  at::Tensor h = live_per_head(stream->held());
-  n = n.defined() && n.numel() ? n + h : h;
-  return n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
+  if (live_count < 0) {
+    const at::Tensor n = live_per_head(num);
+    live_count = n.defined() && n.numel() ? n.mean().item<double>() : 0.0;
+  }
+  // A streaming layer's `num` is its exact prefix, which never changes: its count plus the stream's.
+  return live_count + (stream ? stream->live_entries() : 0.0);
 }
 
 nlohmann::json CompressedLayer::kept(int64_t h) const {

@@ -56,9 +56,10 @@ struct CompressedLayer {
   struct Room {
     at::Tensor keys, values, bias, pos, origin;
   } room;
-  // live_entries() of a layer without a stream or ragged heads, counted once and then kept up to
-  // date by attend (a decoded token adds one live entry per head; a window's trim resets it): it
-  // was recounted with a handful of ATen calls per layer twice a step. < 0 = not counted yet.
+  // live_entries() of `num` (a streaming layer: its exact prefix; the stream counts its own),
+  // counted once and then kept up to date by attend (a decoded token adds one live entry per head;
+  // a window's trim resets it): it was recounted with a handful of ATen calls per layer twice a
+  // step. < 0 = not counted yet.
   mutable double live_count = -1;
 
   bool has_den() const { return den.keys.defined(); }

@@ -61,6 +61,7 @@
 #include <numeric>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/held_set.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
 
@@ -154,10 +155,7 @@ class H2OStream final : public LayerStream {
             const at::Tensor& counts)
       : cfg_(cfg), budget_(budget), n_seen_(kv.n_tokens()) {
     const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
-    held_.keys = kv.keys;
-    held_.values = kv.values;
-    held_.bias = at::zeros({h, n}, kv.keys.options());
-    held_.pos = at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)).view({1, n}).expand({h, n}).contiguous();
+    held_ = HeldSet(region_entries(kv));
     auto sc = scores.defined() ? scores.to(at::kCPU, at::kDouble).contiguous() : at::zeros({h, n}, at::kDouble);
     auto cnt = counts.defined() ? counts.to(at::kCPU, at::kDouble).contiguous() : at::zeros({n}, at::kDouble);
     for (int64_t i = 0; i < h; ++i) {
@@ -169,10 +167,10 @@ class H2OStream final : public LayerStream {
   }
 
   void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
-    append_exact(held_, k, v, pos0);
+    held_.append(k, v, pos0);
     for (auto& c : heads_)
       for (int64_t j = 0; j < k.size(1); ++j) c.append(pos0 + j);
-    last_pos_ = at::arange(pos0, pos0 + k.size(1), held_.pos.options());  // [T]
+    last_pos_ = at::arange(pos0, pos0 + k.size(1), held_.set().pos.options());  // [T]
     n_seen_ += k.size(1);
   }
 
@@ -183,7 +181,7 @@ class H2OStream final : public LayerStream {
     if (t > 0) {
       KVLAB_CHECK(last_pos_.defined() && last_pos_.numel() == t, "h2o: settle got {} queries for {} pushed tokens", t,
                   last_pos_.defined() ? last_pos_.numel() : 0);
-      auto probs = stream_attention_probs(q, last_pos_, prefix_keys, held_, 1.0, cfg_.reduce)
+      auto probs = stream_attention_probs(q, last_pos_, prefix_keys, held_.set(), 1.0, cfg_.reduce)
                        .to(at::kCPU).contiguous();  // [Hkv, T, m]
       const int64_t m = probs.size(2);
       const double* p = probs.data_ptr<double>();
@@ -193,15 +191,16 @@ class H2OStream final : public LayerStream {
     evict();
   }
 
-  const KVSet& held() const override { return held_; }
+  const KVSet& held() const override { return held_.set(); }
+  double live_entries() const override { return double(held_.size()); }  // every entry exact
   int64_t n_seen() const override { return n_seen_; }
 
  private:
   // Evicts every head to the budget on the tokens seen and drops the evicted entries.
   void evict() {
-    const int64_t b = budget_.entries_for(n_seen_), m = held_.keys.size(1);
+    const int64_t b = budget_.entries_for(n_seen_), m = held_.size();
     if (m <= b) return;
-    auto pos = held_.pos.to(at::kCPU).contiguous();  // [Hkv, m]
+    auto pos = held_.set().pos.to(at::kCPU).contiguous();  // [Hkv, m]
     std::vector<int64_t> keep;
     for (size_t h = 0; h < heads_.size(); ++h) {
       heads_[h].set_budget(b, cfg_.recent_for(b));
@@ -214,14 +213,13 @@ class H2OStream final : public LayerStream {
         if (row[i] == kept[r]) keep.push_back(i), ++r;
       TORCH_INTERNAL_ASSERT(r == kept.size(), "h2o: a held token was not found in the stream");
     }
-    auto idx = at::tensor(keep, at::kLong).view({int64_t(heads_.size()), b}).to(held_.pos.device());  // [Hkv, b]
-    held_ = gather_entries(held_, idx);
+    held_.keep_rows(keep);  // [Hkv, b], each row ascending
   }
 
   H2OConfig cfg_;
   Budget budget_;
   std::vector<H2OCache> heads_;
-  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  HeldSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
   at::Tensor last_pos_;
   int64_t n_seen_ = 0;
 };

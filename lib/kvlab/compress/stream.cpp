@@ -33,6 +33,13 @@ at::Tensor stream_attention_probs(const at::Tensor& q, const at::Tensor& query_p
   return probs.mean(1);                                                                   // [Hkv, T, m]
 }
 
+double LayerStream::live_entries() const {
+  const KVSet& s = held();
+  if (!s.keys.defined() || s.keys.size(0) == 0) return 0.0;
+  if (!s.bias.defined()) return double(s.keys.size(1));
+  return at::isfinite(s.bias).to(at::kDouble).sum(1).mean().item<double>();
+}
+
 KVSet padded_entry_set(const std::vector<std::vector<EntryRow>>& heads, int64_t d, int64_t dv, bool with_values,
                        const at::TensorOptions& opts) {
   const int64_t h = static_cast<int64_t>(heads.size());

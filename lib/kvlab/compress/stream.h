@@ -45,6 +45,9 @@ class LayerStream {
   virtual double logit_scale() const { return 1.0; }
   // Tokens of the region seen so far: the prompt's region plus every pushed token.
   virtual int64_t n_seen() const = 0;
+  // Entries held per KV head that are not padding (bias > -inf), averaged over the heads; by
+  // default counted on held(). A stream whose entries are all exact says so without counting.
+  virtual double live_entries() const;
 };
 
 // Post-softmax attention of the queries q [Hq, T, d] at positions query_pos [T] over the exact

@@ -23,6 +23,7 @@
 
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/held_set.h"
 #include "kvlab/compress/window_stream.h"
 #include "kvlab/core/check.h"
 
@@ -33,36 +34,34 @@ class WindowStream final : public LayerStream {
  public:
   WindowStream(const LayerKV& kv, const Budget& budget, int64_t n_sink)
       : budget_(budget), n_sink_(n_sink), n_seen_(kv.n_tokens()) {
-    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
-    held_.keys = kv.keys;
-    held_.values = kv.values;
-    held_.bias = at::zeros({h, n}, kv.keys.options());
-    held_.pos = at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)).view({1, n}).expand({h, n}).contiguous();
+    held_ = HeldSet(region_entries(kv));
     shrink();
   }
   void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
-    append_exact(held_, k, v, pos0);
+    held_.append(k, v, pos0);
     n_seen_ += k.size(1);
   }
   void settle(const at::Tensor&, const at::Tensor&) override { shrink(); }
-  const KVSet& held() const override { return held_; }
+  const KVSet& held() const override { return held_.set(); }
+  double live_entries() const override { return double(held_.size()); }  // every entry exact
   int64_t n_seen() const override { return n_seen_; }
 
  private:
   // Keeps the first min(n_sink, b) held entries and the last ones up to b (what compress keeps).
   void shrink() {
-    const int64_t b = budget_.entries_for(n_seen_), m = held_.keys.size(1), h = held_.keys.size(0);
+    const int64_t b = budget_.entries_for(n_seen_), m = held_.size();
     if (m <= b) return;
     const int64_t sinks = std::min(n_sink_, b);
-    auto opts = held_.pos.options();
-    auto idx = at::cat({at::arange(0, sinks, opts), at::arange(m - (b - sinks), m, opts)});  // [b]
-    held_ = gather_entries(held_, idx.view({1, b}).expand({h, b}).contiguous());
+    std::vector<int64_t> idx;  // [b]
+    for (int64_t i = 0; i < sinks; ++i) idx.push_back(i);
+    for (int64_t i = m - (b - sinks); i < m; ++i) idx.push_back(i);
+    held_.keep_same(idx);
   }
 
   Budget budget_;
   int64_t n_sink_;
   int64_t n_seen_;
-  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  HeldSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
 };
 
 class StreamingLLM final : public Compressor {

@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/held_set.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/compress/stream.h"
@@ -71,44 +72,35 @@ class TovaStream final : public LayerStream {
  public:
   TovaStream(const LayerKV& kv, const Budget& budget, const std::vector<int64_t>& kept)
       : budget_(budget), n_seen_(kv.n_tokens()) {
-    const int64_t h = kv.n_kv_heads(), n = kv.n_tokens();
-    held_.keys = kv.keys;
-    held_.values = kv.values;
-    held_.bias = at::zeros({h, n}, kv.keys.options());
-    held_.pos = at::arange(kv.pos0, kv.pos0 + n, kv.keys.options().dtype(at::kLong)).view({1, n}).expand({h, n}).contiguous();
-    if (static_cast<int64_t>(kept.size()) < n) keep_rows(kept);
+    held_ = HeldSet(region_entries(kv));
+    if (static_cast<int64_t>(kept.size()) < kv.n_tokens()) held_.keep_same(kept);
   }
 
   void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
-    append_exact(held_, k, v, pos0);
-    last_pos_ = at::arange(pos0, pos0 + k.size(1), held_.pos.options());  // [T]
+    held_.append(k, v, pos0);
+    last_pos_ = at::arange(pos0, pos0 + k.size(1), held_.set().pos.options());  // [T]
     n_seen_ += k.size(1);
   }
 
   void settle(const at::Tensor& q, const at::Tensor& prefix_keys) override {
-    const int64_t b = budget_.entries_for(n_seen_), m = held_.keys.size(1);
+    const int64_t b = budget_.entries_for(n_seen_), m = held_.size();
     if (m <= b || q.size(1) == 0) return;  // a replay step without a query cannot score
     KVLAB_CHECK(last_pos_.defined() && last_pos_.numel() == q.size(1), "tova: settle got {} queries for {} pushed "
                 "tokens", q.size(1), last_pos_.defined() ? last_pos_.numel() : 0);
     const int64_t t = q.size(1);
-    auto probs = stream_attention_probs(q.narrow(1, t - 1, 1), last_pos_.narrow(0, t - 1, 1), prefix_keys, held_,
+    auto probs = stream_attention_probs(q.narrow(1, t - 1, 1), last_pos_.narrow(0, t - 1, 1), prefix_keys, held_.set(),
                                         1.0, "mean").select(1, 0);  // [Hkv, m]: the newest query
     const auto scores = head_mean_scores(probs, m - 1);  // the newest token is held last
-    keep_rows(detail::top_k_indices(scores.data(), m, b));
+    held_.keep_same(detail::top_k_indices(scores.data(), m, b));  // ascending
   }
 
-  const KVSet& held() const override { return held_; }
+  const KVSet& held() const override { return held_.set(); }
+  double live_entries() const override { return double(held_.size()); }  // every entry exact
   int64_t n_seen() const override { return n_seen_; }
 
  private:
-  void keep_rows(const std::vector<int64_t>& kept) {
-    const int64_t h = held_.keys.size(0), b = static_cast<int64_t>(kept.size());
-    auto row = at::tensor(kept, at::kLong).view({1, b}).expand({h, b}).contiguous();  // [Hkv, b]
-    held_ = gather_entries(held_, row.to(held_.pos.device()));
-  }
-
   Budget budget_;
-  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
+  HeldSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]
   at::Tensor last_pos_;
   int64_t n_seen_ = 0;
 };
