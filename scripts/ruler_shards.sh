@@ -1,0 +1,56 @@
+#!/bin/bash
+# Runs, or resumes, the shards of one step of configs/paper/ruler.json (issue 23): shard i of N
+# goes to results/<step name>/shards/shard<i> (committed as it progresses: see .gitignore), WORKERS
+# processes at one thread each take shards w, w + WORKERS, ...; when every shard is complete they
+# are merged into results/<step name>/<stamp>_<sha>. A killed run resumes where it stopped.
+#   scripts/ruler_shards.sh STEP [N_SHARDS] [WORKERS]     e.g. scripts/ruler_shards.sh 1 8 2
+# CONFIG=<experiment file> runs a step of another file the same way.
+# OPENBLAS_CORETYPE is unset, as for every shard so far: the environment's Haswell pin halves
+# OpenBLAS's speed on these AVX-512 machines (README, "Speed").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?usage: scripts/ruler_shards.sh STEP [N_SHARDS] [WORKERS]}
+n=${2:-8}
+workers=${3:-2}
+kvlab=${KVLAB:-build/apps/kvlab}
+config=${CONFIG:-configs/paper/ruler.json}
+[ -x "$kvlab" ] || { echo "ruler_shards: $kvlab not built (scripts/setup.sh)" >&2; exit 2; }
+cfg=$(mktemp --suffix=.json)
+trap 'rm -f "$cfg"' EXIT
+read -r name calibrate < <(python3 - "$config" "$step" "$cfg" <<'PY'
+import json, sys
+steps = json.load(open(sys.argv[1]))["steps"]
+i = int(sys.argv[2])
+if not 0 <= i < len(steps) or steps[i]["command"] != "ruler":
+    sys.exit(f"ruler_shards: step {i} of {sys.argv[1]} is not a ruler step "
+             f"(ruler steps: {[j for j, s in enumerate(steps) if s['command'] == 'ruler']})")
+c = dict(steps[i]["config"])
+name = c.pop("name")
+c.pop("results_dir", None)
+json.dump(c, open(sys.argv[3], "w"), indent=1)
+# chelsea's outlier heads come from the file's calibrate step, run before the shards
+cal = [s["config"]["out"] for s in steps if s["command"] == "calibrate chelsea"]
+print(name, cal[0] if cal and "chelsea" in c.get("method", "") else "-")
+PY
+)
+[ -n "$name" ] || exit 2
+if [ "$calibrate" != "-" ] && [ ! -f "$calibrate" ]; then
+  echo "ruler_shards: $calibrate is missing: run the calibrate step of $config first, e.g." >&2
+  echo "  python3 -c \"import json; json.dump(json.load(open('$config'))['steps'][0]['config'], open('/tmp/cal.json', 'w'))\" && $kvlab calibrate chelsea --config /tmp/cal.json" >&2
+  exit 2
+fi
+logs=${TMPDIR:-/tmp}
+worker() {
+  for ((i = $1; i < n; i += workers)); do
+    echo "ruler_shards: shard $i/$n of step $step -> results/$name/shards/shard$i (progress: $logs/ruler_${name}_shard$i.log)"
+    env -u OPENBLAS_CORETYPE "$kvlab" --threads 1 ruler --config "$cfg" --shard "$i/$n" \
+      --out "results/$name/shards/shard$i" > "$logs/ruler_${name}_shard$i.log" 2>&1 ||
+      { echo "ruler_shards: shard $i failed; see $logs/ruler_${name}_shard$i.log" >&2; return 1; }
+  done
+}
+pids=()
+for ((w = 0; w < workers; ++w)); do worker "$w" & pids+=($!); done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+[ "$failed" = 0 ] || { echo "ruler_shards: not merged (a shard failed)" >&2; exit 1; }
+"$kvlab" merge results/"$name"/shards/shard* --out "results/$name/$(date -u +%Y%m%d-%H%M%S)_$(git rev-parse --short=7 HEAD)"
