@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""RULER in kvpress's leaderboard layout, from a `kvlab ruler` run: methods x compression ratios.
+
+  scripts/ruler_table.py RUN [RUN ...] [--floor 20] [--top 3]
+
+RUN is a run folder (a merged run, or the shards of one: their records are pooled; every folder
+must come from the same config apart from --shard). Reads RUN/pred/<branch>/<task>_<length>.jsonl
+(one line per sample: "score" in 0..1, "rougeL_vs_exact") and RUN/result.json (the protocol).
+Prints, per length, markdown tables:
+  1. the leaderboard's layout: one row per method, one column per compression ratio (kvpress's
+     notation: the fraction removed, 1 - the kept fraction kvlab's branch names carry), the cell
+     the average over tasks of string_match_all x 100 +- its standard error, the full cache first;
+  2. the same layout for fidelity: ROUGE-L F1 of each output against the full cache's;
+  3. the full cache per task, marking the tasks where it is near the floor (< --floor);
+  4. per ratio, the --top methods closest to the full cache by fidelity, with the paired
+     difference of the task average to the full cache (mean +- SE over the same samples).
+Standard errors: each task's sample variance over its samples (sd / sqrt(n)); the average over T
+tasks has SE sqrt(sum_t var_t / n_t) / T, and a paired difference the same over per-sample
+differences. A merged run's result.json also holds kvlab's own table of per-task scores
+("ruler"); every mean printed here is checked against it.
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+
+TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+         "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
+
+
+def split_dataset(name):
+    task, _, length = name.rpartition("_")
+    return task, int(length)
+
+
+def split_branch(branch):
+    """("snapkv", 0.5) for snapkv_ratio0.5; ("exact", None) for the full cache."""
+    if "_ratio" not in branch:
+        return branch, None
+    method, _, kept = branch.rpartition("_ratio")
+    return method, float(kept)
+
+
+def load(runs):
+    """records[(branch, task, length)][id] = (score, rougeL_vs_exact), pooled over the folders."""
+    records = defaultdict(dict)
+    protocol = None
+    for run in runs:
+        result = json.load(open(os.path.join(run, "result.json")))
+        cfg = result.get("context", {}).get("config", {})
+        if protocol not in (None, cfg.get("protocol")):
+            sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
+        protocol = cfg.get("protocol")
+        for path in sorted(glob.glob(os.path.join(run, "pred", "*", "*.jsonl"))):
+            branch = os.path.basename(os.path.dirname(path))
+            task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
+            if task not in TASKS:
+                continue  # kvpress's folders or anything else
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        r = json.loads(line)
+                        records[(branch, task, length)][r["id"]] = (100.0 * r["score"], r["rougeL_vs_exact"])
+        check_against_result(result, records, run, len(runs))
+    return records, protocol
+
+
+def check_against_result(result, records, run, n_runs):
+    """kvlab's own per-task means (result.json "ruler", merged runs only) must equal ours."""
+    if n_runs != 1 or "ruler" not in result:
+        return
+    for row in result["ruler"]:
+        for task in TASKS:
+            if task in row:
+                got = records.get((row["branch"], task, row["length"]))
+                ours = sum(s for s, _ in got.values()) / len(got) if got else float("nan")
+                if not math.isclose(ours, row[task], abs_tol=1e-9):
+                    sys.exit(f"ruler_table: {run}: {row['branch']} {task}_{row['length']}: "
+                             f"pred files give {ours}, result.json {row[task]}")
+
+
+def mean_var(xs):
+    n = len(xs)
+    m = sum(xs) / n
+    v = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else float("nan")
+    return m, v, n
+
+
+def task_average(per_task):
+    """per_task: {task: [values]} -> (average over tasks, its SE)."""
+    stats = [mean_var(xs) for xs in per_task.values() if xs]
+    T = len(stats)
+    avg = sum(m for m, _, _ in stats) / T
+    se = math.sqrt(sum(v / n for _, v, n in stats)) / T
+    return avg, se
+
+
+def values(records, branch, length, which, tasks):
+    return {t: [v[which] for v in records[(branch, t, length)].values()] for t in tasks}
+
+
+def paired(records, a, b, length, tasks):
+    """Per-sample differences of the score, a - b, over the samples both have."""
+    out = {}
+    for t in tasks:
+        ra, rb = records[(a, t, length)], records[(b, t, length)]
+        out[t] = [ra[i][0] - rb[i][0] for i in ra if i in rb]
+    return out
+
+
+def fmt(avg, se, digits=1):
+    return f"{avg:.{digits}f} ± {se:.{digits}f}"
+
+
+def compression_label(kept):
+    return f"{100 * (1 - kept):g}%"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--floor", type=float, default=20.0, help="a task where the full cache scores below this is near the floor")
+    ap.add_argument("--top", type=int, default=3, help="methods listed as closest to the full cache, per ratio")
+    args = ap.parse_args()
+    records, protocol = load(args.runs)
+    lengths = sorted({l for (_, _, l) in records})
+    for length in lengths:
+        branches = sorted({b for (b, _, l) in records if l == length})
+        if "exact" not in branches:
+            sys.exit(f"ruler_table: no exact branch at {length}: fidelity and the full cache's row need it")
+        # only tasks every branch has (shards in progress may have more tasks for some branches)
+        tasks = [t for t in TASKS if all(records.get((b, t, length)) for b in branches)]
+        counts = sorted({len(records[(b, t, length)]) for b in branches for t in tasks})
+        kepts = sorted({split_branch(b)[1] for b in branches if split_branch(b)[1] is not None}, reverse=True)
+        methods = sorted({split_branch(b)[0] for b in branches if b != "exact"})
+        score = {b: task_average(values(records, b, length, 0, tasks)) for b in branches}
+        fid = {b: task_average(values(records, b, length, 1, tasks)) for b in branches}
+        cols = [compression_label(k) for k in kepts]
+        print(f"### {length} tokens, --protocol {protocol}: {len(tasks)} tasks, "
+              f"{'/'.join(map(str, counts))} samples per task\n")
+        print("Average over tasks of string_match_all x 100 (± SE); columns: compression ratio "
+              "(kept " + " / ".join(f"{k:g}" for k in kepts) + " of the whole cache)\n")
+        print("| method | " + " | ".join(cols) + " | mean |")
+        print("|---|" + "---|" * (len(cols) + 1))
+        print(f"| exact (full cache) | " + " | ".join(fmt(*score["exact"]) for _ in cols) + f" | {score['exact'][0]:.1f} |")
+
+        def branch(m, k):
+            return f"{m}_ratio{k:g}"
+
+        def row_mean(table, m):
+            xs = [table[branch(m, k)][0] for k in kepts if branch(m, k) in table]
+            return sum(xs) / len(xs)
+
+        for m in sorted(methods, key=lambda m: -row_mean(score, m)):
+            cells = [fmt(*score[branch(m, k)]) if branch(m, k) in score else "" for k in kepts]
+            print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(score, m):.1f} |")
+        print("\nFidelity: ROUGE-L F1 of the output against the full cache's, average over tasks (± SE)\n")
+        print("| method | " + " | ".join(cols) + " | mean |")
+        print("|---|" + "---|" * (len(cols) + 1))
+        for m in sorted(methods, key=lambda m: -row_mean(fid, m)):
+            cells = [fmt(*fid[branch(m, k)], digits=3) if branch(m, k) in fid else "" for k in kepts]
+            print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(fid, m):.3f} |")
+        print("\nThe full cache per task (string_match_all x 100 ± SE)\n")
+        print("| task | exact | |")
+        print("|---|---|---|")
+        for t in tasks:
+            m, v, n = mean_var(values(records, "exact", length, 0, [t])[t])
+            floor = f"near the floor (< {args.floor:g})" if m < args.floor else ""
+            print(f"| {t} | {fmt(m, math.sqrt(v / n))} | {floor} |")
+        print(f"\nClosest to the full cache (fidelity), per compression ratio; exact − method of the task "
+              f"average, paired over the same samples\n")
+        for k in kepts:
+            ranked = sorted((b for b in branches if split_branch(b)[1] == k), key=lambda b: -fid[b][0])
+            parts = []
+            for b in ranked[: args.top]:
+                d, se = task_average(paired(records, "exact", b, length, tasks))
+                parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {d / se if se else float('inf'):.1f} SE)")
+            print(f"- {compression_label(k)}: " + "; ".join(parts))
+        print()
+
+
+if __name__ == "__main__":
+    main()
