@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "kvlab/compress/held_set.h"
 #include "kvlab/compress/layout.h"
 #include "kvlab/core/check.h"
 
@@ -26,25 +27,6 @@ KVSet concat(const KVSet& a, const KVSet& b) {
 }  // namespace
 
 namespace {
-// Appends x_new [H, t, ...] to `live` [H, m, ...] along dim 1: in place when `live` is the first m
-// entries of `buf` and t more fit there; otherwise `live` moves into a new buffer with room for
-// twice as many. `live` is then buf's first m + t entries.
-void grow(at::Tensor& buf, at::Tensor& live, const at::Tensor& x_new) {
-  const int64_t m = live.size(1), t = x_new.size(1);
-  const bool in_place = buf.defined() && buf.data_ptr() == live.data_ptr() && buf.size(1) >= m + t &&
-                        buf.stride(1) == live.stride(1) && buf.stride(0) == live.stride(0);
-  if (!in_place) {
-    std::vector<int64_t> shape = live.sizes().vec();
-    shape[1] = std::max<int64_t>(2 * (m + t), 64);
-    buf = at::empty(shape, live.options());
-    buf.narrow(1, 0, m).copy_(live);
-  }
-  buf.narrow(1, m, t).copy_(x_new);
-  live = buf.narrow(1, 0, m + t);
-}
-}  // namespace
-
-namespace {
 // The decoded tokens k_new, v_new [Hkv, T, d] at pos0.. appended exactly (bias 0) to the layer's
 // numerator set and origins, written into its room (no copy of the set); each adds one live entry
 // per head.
@@ -52,11 +34,11 @@ void append_decoded(CompressedLayer& l, const at::Tensor& k_new, const at::Tenso
   if (!l.origin.defined()) l.origin = l.num.pos.clone();  // a layer built by hand: every entry exact
   const int64_t h = k_new.size(0), t = k_new.size(1);
   const at::Tensor new_pos = at::arange(pos0, pos0 + t, l.num.pos.options()).unsqueeze(0).expand({h, t});  // [Hkv, T]
-  grow(l.room.keys, l.num.keys, k_new);
-  grow(l.room.values, l.num.values, v_new);
-  grow(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
-  grow(l.room.pos, l.num.pos, new_pos);
-  grow(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
+  append_in_room(l.room.keys, l.num.keys, k_new);
+  append_in_room(l.room.values, l.num.values, v_new);
+  append_in_room(l.room.bias, l.num.bias, at::zeros({h, t}, l.num.bias.options()));
+  append_in_room(l.room.pos, l.num.pos, new_pos);
+  append_in_room(l.room.origin, l.origin, new_pos.to(l.origin.scalar_type()));
   if (l.live_count >= 0) l.live_count += double(t);
 }
 }  // namespace

@@ -47,6 +47,15 @@ KVSet region_entries(const LayerKV& kv) {
   return s;
 }
 
+void append_in_room(at::Tensor& buf, at::Tensor& live, const at::Tensor& x_new) {
+  const int64_t m = live.size(1), t = x_new.size(1);
+  const bool in_place = buf.defined() && buf.data_ptr() == live.data_ptr() && buf.size(1) >= m + t &&
+                        buf.stride(1) == live.stride(1) && buf.stride(0) == live.stride(0);
+  if (!in_place) buf = with_room(live, std::max<int64_t>(2 * (m + t), 64));
+  buf.narrow(1, m, t).copy_(x_new);
+  live = buf.narrow(1, 0, m + t);
+}
+
 HeldSet::HeldSet(const KVSet& s) {
   KVLAB_CHECK(s.keys.dim() == 3 && s.values.defined() && s.bias.defined() && s.pos.defined() && s.pos.dim() == 2,
               "HeldSet: needs keys, values [Hkv, m, d], bias and pos [Hkv, m]");
@@ -57,13 +66,6 @@ HeldSet::HeldSet(const KVSet& s) {
   buf_.bias = with_room(s.bias, capacity);
   buf_.pos = with_room(s.pos, capacity);
   refresh_view();
-}
-
-void HeldSet::reserve(int64_t capacity) {
-  buf_.keys = with_room(view_.keys, capacity);
-  buf_.values = with_room(view_.values, capacity);
-  buf_.bias = with_room(view_.bias, capacity);
-  buf_.pos = with_room(view_.pos, capacity);
 }
 
 void HeldSet::refresh_view() {
@@ -77,11 +79,10 @@ void HeldSet::append(const at::Tensor& k, const at::Tensor& v, int64_t pos0) {
   const int64_t h = k.size(0), t = k.size(1);
   KVLAB_CHECK(h == buf_.keys.size(0) && v.size(1) == t, "HeldSet: appending [{}, {}] keys to {} heads", h, t,
               buf_.keys.size(0));
-  if (m_ + t > buf_.keys.size(1)) reserve(std::max<int64_t>(2 * (m_ + t), 64));
-  buf_.keys.narrow(1, m_, t).copy_(k);
-  buf_.values.narrow(1, m_, t).copy_(v);
-  buf_.bias.narrow(1, m_, t).zero_();
-  buf_.pos.narrow(1, m_, t).copy_(at::arange(pos0, pos0 + t, buf_.pos.options()).unsqueeze(0).expand({h, t}));
+  append_in_room(buf_.keys, view_.keys, k);
+  append_in_room(buf_.values, view_.values, v);
+  append_in_room(buf_.bias, view_.bias, at::zeros({h, t}, buf_.bias.options()));
+  append_in_room(buf_.pos, view_.pos, at::arange(pos0, pos0 + t, buf_.pos.options()).unsqueeze(0).expand({h, t}));
   m_ += t;
   refresh_view();
 }

@@ -19,6 +19,12 @@ namespace kvlab {
 // pos [Hkv, n] = pos0 .. pos0+n-1.
 KVSet region_entries(const LayerKV& kv);
 
+// Appends x_new [H, t, ...] to `live` [H, m, ...] along dim 1: in place when `live` is the first m
+// entries of `buf` and t more fit there; otherwise `live` moves into a new buffer with room for
+// max(2 (m + t), 64) entries. `live` is then buf's first m + t entries. The one growth rule of
+// every set that decoded tokens join: HeldSet's buffers and a compressed layer's room.
+void append_in_room(at::Tensor& buf, at::Tensor& live, const at::Tensor& x_new);
+
 class HeldSet {
  public:
   HeldSet() = default;
@@ -38,7 +44,6 @@ class HeldSet {
 
  private:
   void compact(const std::vector<int64_t>& keep, bool per_head);
-  void reserve(int64_t capacity);
   void refresh_view();
 
   KVSet buf_;       // keys, values [Hkv, capacity, d], bias [Hkv, capacity], pos [Hkv, capacity]
