@@ -9,7 +9,7 @@ presses kvlab also has, at the given compression ratios. Writes kvlab's predicti
 folder per (press, ratio):
 
   <out>/pred/kvpress_<method>_ratio<kept>/<task>_<length>.jsonl   {"id", "output", "seconds"}
-  <out>/kvpress.json                                               versions, presses, timings
+  <out>/kvpress.json                                               versions, every call's arguments, timings
 
 `kvlab ruler eval <run> <out>` then scores kvlab's branches and these with RULER's string_match_all
 and says, for each kvpress folder, how often its output equals kvlab's branch of the same name.
@@ -117,12 +117,11 @@ def main():
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tok, device="cpu")
 
-    timings = {}
     for ratio in [float(r) for r in args.compression_ratio.split(",")]:
         for name in args.presses.split(","):
             branch = f"kvpress_{name}_{kept_label(ratio)}"
             os.makedirs(os.path.join(out, "pred", branch), exist_ok=True)
-            total, n = 0.0, 0
+            n = 0
             for path in data_files:
                 dataset = os.path.basename(path)[: -len(".jsonl")]
                 samples = read_lines(path)
@@ -142,24 +141,33 @@ def main():
                                           press=make_press(kvpress, name, ratio),
                                           max_new_tokens=TOKENS[family])["answer"]
                         dt = time.perf_counter() - t0
-                        total, n = total + dt, n + 1
+                        n += 1
                         fo.write(json.dumps({"id": sid, "output": answer, "seconds": round(dt, 4)},
                                             ensure_ascii=False) + "\n")
                         fo.flush()
-                print(f"{branch} {dataset}: done ({n} samples decoded so far, {total:.0f} s)", flush=True)
-            timings[branch] = {"new_samples": n, "seconds": round(total, 2),
-                               "seconds_per_sample": round(total / n, 4) if n else None}
+                print(f"{branch} {dataset}: done ({n} samples decoded in this call)", flush=True)
+    # Timings of every folder under <out>/pred from its lines (a resumed run's earlier calls
+    # included), and every call's arguments: kvpress.json describes the folder, not the last call.
+    timings = {}
+    for branch in sorted(os.listdir(os.path.join(out, "pred"))):
+        secs = [p["seconds"] for f in sorted(glob.glob(os.path.join(out, "pred", branch, "*.jsonl")))
+                for p in read_lines(f)]
+        timings[branch] = {"samples": len(secs), "seconds": round(sum(secs), 2),
+                           "seconds_per_sample": round(sum(secs) / len(secs), 4) if secs else None}
+    meta_path = os.path.join(out, "kvpress.json")
+    calls = json.load(open(meta_path)).get("calls", []) if os.path.exists(meta_path) else []
+    calls.append({"presses": args.presses.split(","),
+                  "compression_ratios": [float(r) for r in args.compression_ratio.split(",")],
+                  "lengths": args.lengths, "limit": args.limit, "run": os.path.relpath(os.path.abspath(args.run), REPO)})
     meta = {
         "tool": "bench/ruler_kvpress.py",
         "versions": {"kvpress": pkg_version("kvpress"), "transformers": transformers.__version__,
                      "torch": torch.__version__, "python": sys.version.split()[0]},
         "model": {"gguf": os.path.basename(gguf), "dtype": "float32", "threads": args.threads},
-        "run": os.path.abspath(args.run),
-        "presses": args.presses.split(","),
-        "compression_ratios": [float(r) for r in args.compression_ratio.split(",")],
+        "calls": calls,
         "timings": timings,
     }
-    with open(os.path.join(out, "kvpress.json"), "w", encoding="utf-8") as fo:
+    with open(meta_path, "w", encoding="utf-8") as fo:
         json.dump(meta, fo, indent=2)
         fo.write("\n")
     print(f"wrote {out}/pred and {out}/kvpress.json")
