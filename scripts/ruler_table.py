@@ -27,6 +27,8 @@ import os
 import sys
 from collections import defaultdict
 
+from task_table import mean_se  # noqa: E402  (scripts/ is the script's own folder on sys.path)
+
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
 
@@ -64,13 +66,14 @@ def load(runs):
                     if line.strip():
                         r = json.loads(line)
                         records[(branch, task, length)][r["id"]] = (100.0 * r["score"], r["rougeL_vs_exact"])
-        check_against_result(result, records, run, len(runs))
+    if len(runs) == 1:
+        check_against_result(result, records, runs[0])
     return records, protocol
 
 
-def check_against_result(result, records, run, n_runs):
+def check_against_result(result, records, run):
     """kvlab's own per-task means (result.json "ruler", merged runs only) must equal ours."""
-    if n_runs != 1 or "ruler" not in result:
+    if "ruler" not in result:
         return
     for row in result["ruler"]:
         for task in TASKS:
@@ -82,20 +85,11 @@ def check_against_result(result, records, run, n_runs):
                              f"pred files give {ours}, result.json {row[task]}")
 
 
-def mean_var(xs):
-    n = len(xs)
-    m = sum(xs) / n
-    v = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else float("nan")
-    return m, v, n
-
-
 def task_average(per_task):
-    """per_task: {task: [values]} -> (average over tasks, its SE)."""
-    stats = [mean_var(xs) for xs in per_task.values() if xs]
+    """per_task: {task: [values]} -> (average over tasks, its SE: sqrt(sum of the tasks' SE^2) / T)."""
+    stats = [mean_se(xs) for xs in per_task.values() if xs]
     T = len(stats)
-    avg = sum(m for m, _, _ in stats) / T
-    se = math.sqrt(sum(v / n for _, v, n in stats)) / T
-    return avg, se
+    return sum(m for m, _ in stats) / T, math.sqrt(sum(se * se for _, se in stats)) / T
 
 
 def values(records, branch, length, which, tasks):
@@ -167,9 +161,9 @@ def main():
         print("| task | exact | |")
         print("|---|---|---|")
         for t in tasks:
-            m, v, n = mean_var(values(records, "exact", length, 0, [t])[t])
+            m, se = mean_se(values(records, "exact", length, 0, [t])[t])
             floor = f"near the floor (< {args.floor:g})" if m < args.floor else ""
-            print(f"| {t} | {fmt(m, math.sqrt(v / n))} | {floor} |")
+            print(f"| {t} | {fmt(m, se)} | {floor} |")
         print(f"\nClosest to the full cache (fidelity), per compression ratio; exact − method of the task "
               f"average, paired over the same samples\n")
         for k in kepts:

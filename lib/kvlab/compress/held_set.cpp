@@ -83,8 +83,7 @@ void HeldSet::append(const at::Tensor& k, const at::Tensor& v, int64_t pos0) {
   append_in_room(buf_.values, view_.values, v);
   append_in_room(buf_.bias, view_.bias, at::zeros({h, t}, buf_.bias.options()));
   append_in_room(buf_.pos, view_.pos, at::arange(pos0, pos0 + t, buf_.pos.options()).unsqueeze(0).expand({h, t}));
-  m_ += t;
-  refresh_view();
+  m_ += t;  // view_ is already buf_'s first m_ entries: append_in_room set it
 }
 
 void HeldSet::compact(const std::vector<int64_t>& keep, bool per_head) {
