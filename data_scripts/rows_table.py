@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A markdown table of the rows of a kvlab result.json (kvlab ppl, kvlab bench generate, ...).
+"""A markdown table of the rows of a kvlab result.json (kvlab ppl, kvlab bench generate, kvlab sweep, ...).
 
 Usage: data_scripts/rows_table.py RESULT_JSON_OR_RUN_DIR --columns method,cache_size,ppl [--digits 4]
        [--pivot ROW_KEY,COL_KEY,VALUE]   e.g. --pivot method,cache_size,ppl (BUZZ Table 3's layout)
@@ -18,7 +18,16 @@ def load_rows(path):
     if not os.path.isfile(path):
         sys.exit(f"rows_table: no result.json at {path}")
     with open(path) as f:
-        return json.load(f)["rows"]
+        result = json.load(f)
+    if not result.get("rows_file"):
+        return result["rows"]
+    # the rows in a file beside it (kvlab sweep's sweep_rows.jsonl, replay --rows-out jsonl)
+    with open(os.path.join(os.path.dirname(path), result["rows_file"])) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if len(rows) != result["n_rows"]:
+        sys.exit(f"rows_table: {result['rows_file']} beside {path} holds {len(rows)} rows, result.json says "
+                 f"{result['n_rows']}")
+    return rows
 
 
 def fmt(v, digits):

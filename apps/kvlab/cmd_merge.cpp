@@ -50,7 +50,7 @@ void merge_sweep(const MergeOptions& o, const nlohmann::json& effective) {
   context["merged_from"] = dir;
   context["sweep"] = {{"name", manifest["spec"].value("name", "")}, {"command", manifest["spec"].value("command", "")},
                       {"n_points", done}};
-  run.write_result(context, rows, {{"complete", true}, {"points_done", done}});
+  run.write_result(context, rows, kSweepRowsFile, {{"complete", true}, {"points_done", done}});
   fmt::print(stderr, "[merge] sweep {}: {} rows from {} points -> {}\n", dir, rows.size(), done, run.file("result.json"));
 }
 
@@ -156,7 +156,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
                 o.inputs.front(), config.dump(), base_config.dump());
     by_shard[i] = {fs::is_directory(in) ? in : fs::path(in).parent_path().string(), j};
-    for (auto& r : j["rows"]) rows.push_back(r);
+    for (auto& r : read_result_rows(file)) rows.push_back(std::move(r));  // inline or --rows-out jsonl
     if (j.contains("skipped_nonfinite"))
       for (auto& u : j["skipped_nonfinite"].value("units", nlohmann::json::array())) skipped.push_back(u);
     shards.push_back(j["context"]);
@@ -172,7 +172,10 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
   if (base_config.value("skip_nonfinite", false))
     extra["skipped_nonfinite"] = {{"count", skipped.size()},
                                   {"units", skipped.is_null() ? nlohmann::json::array() : skipped}};
-  run.write_result(context, rows, extra);
+  if (base_config.value("rows_out", "inline") == "jsonl")
+    run.write_result(context, rows, "rows.jsonl", extra);
+  else
+    run.write_result(context, rows, extra);
   write_replay_tables(run, agg);
   std::cout << render_replay_table(agg["overall"]);
   fmt::print(stderr, "[merge] {} rows from {} shards -> {}\n", rows.size(), shards.size(), run.file("result.json"));

@@ -186,13 +186,10 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   if (resumable) {
     const nlohmann::json prev = read_json_file(checkpoint);
     if (!prev.value("complete", true)) {
-      if (prev.contains("rows_file")) {
-        for (auto& r : read_json_lines(run.file(prev["rows_file"].get<std::string>()))) rows.push_back(std::move(r));
-        KVLAB_CHECK(rows.size() == prev.value("n_rows", size_t(0)), "{}: holds {} rows but {} says {}; remove --out "
-                    "{} or pass --overwrite to start again", run.file(prev["rows_file"].get<std::string>()),
-                    rows.size(), checkpoint, prev.value("n_rows", size_t(0)), o.out);
-      } else {
-        rows = prev.value("rows", nlohmann::json::array());
+      try {
+        rows = read_result_rows(checkpoint);
+      } catch (const Error& e) {
+        KVLAB_FAIL("{}; remove --out {} or pass --overwrite to start again", e.what(), o.out);
       }
       if (prev.contains("skipped_nonfinite")) skipped = prev["skipped_nonfinite"].value("units", skipped);
       for (const auto& r : rows) done.emplace(r.at("sample").get<int64_t>(), r.at("layer").get<int>());
@@ -223,12 +220,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   auto write = [&](nlohmann::json extra) {
     if (o.skip_nonfinite) extra["skipped_nonfinite"] = {{"count", skipped.size()}, {"units", skipped}};
     if (o.rows_out == "inline") return run.write_result(context, rows, extra);
-    std::string text;
-    for (const auto& r : rows) text += r.dump() + "\n";
-    write_text_atomic(run.file("rows.jsonl"), text);
-    extra["rows_file"] = "rows.jsonl";
-    extra["n_rows"] = rows.size();
-    run.write_result(context, nlohmann::json::array(), extra);
+    run.write_result(context, rows, "rows.jsonl", extra);
   };
   Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
   const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());

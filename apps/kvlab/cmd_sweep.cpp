@@ -150,12 +150,12 @@ void run_sweep(const SweepOptions& o, const nlohmann::json& effective) {
     ++ran;
     int done = 0;
     auto rows = gather_sweep_rows(out_abs, false, &done);
-    run.write_result(context, rows, {{"complete", false}, {"points_done", done}});
+    run.write_result(context, rows, kSweepRowsFile, {{"complete", false}, {"points_done", done}});
   }
   int done = 0;
   auto rows = gather_sweep_rows(out_abs, false, &done);
   const bool complete = done == int(points.size());
-  run.write_result(context, rows, {{"complete", complete}, {"points_done", done}});
+  run.write_result(context, rows, kSweepRowsFile, {{"complete", complete}, {"points_done", done}});
   fmt::print(stderr, "[sweep] {} of {} points done, {} rows -> {}{}\n", done, points.size(), rows.size(),
              run.file("result.json"), complete ? "" : " (incomplete: run the same command again to continue)");
 }

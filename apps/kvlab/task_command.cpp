@@ -91,6 +91,20 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
   tr.ctx["model_id"] = tm.model.id;
   tr.ctx["protocol"] = parse_task_protocol(o.protocol, o.decode_rule).to_json();
   tr.ctx["preset"] = o.preset;
+  // A resumed run keeps the provenance of the binaries that wrote its earlier predictions (its
+  // result.json is rewritten with this run's git_sha): one entry per change of git_sha.
+  const std::string prev_file = tr.run.file("result.json");
+  if (!o.overwrite && std::filesystem::exists(prev_file)) {
+    const nlohmann::json prev = read_json_file(prev_file).value("context", nlohmann::json::object());
+    nlohmann::json earlier = prev.value("earlier_runs", nlohmann::json::array());
+    const auto sha = prev.value("git_sha", "");
+    if (earlier.empty() || earlier.back().value("git_sha", "") != sha)
+      earlier.push_back({{"git_sha", sha}, {"git_dirty", prev.value("git_dirty", false)}, {"date", prev.value("date", "")}});
+    else
+      earlier.back()["date"] = prev.value("date", "");  // the last time that binary wrote
+    if (earlier.back().value("git_sha", "") == tr.ctx.value("git_sha", "")) earlier.erase(earlier.size() - 1);
+    if (!earlier.empty()) tr.ctx["earlier_runs"] = earlier;
+  }
   return tr;
 }
 

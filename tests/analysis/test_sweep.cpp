@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/report.h"
 #include "kvlab/core/sweep.h"
 #include "test_util.h"
 
@@ -74,9 +75,14 @@ TEST_CASE("kvlab sweep: interrupted + continued == uninterrupted; SLURM jobs + m
 
   INFO(out);
   REQUIRE(test::run_command(kvlab_cmd("sweep " + dir + "/sweep.json --out " + dir + "/full"), &out) == 0);
-  const auto full = nlohmann::json::parse(test::read_file(dir + "/full/result.json"));
+  auto full = nlohmann::json::parse(test::read_file(dir + "/full/result.json"));
   CHECK(full["complete"] == true);
+  // The rows are in sweep_rows.jsonl, one compact line each, not in the indented result.json.
+  CHECK(full["rows_file"] == kSweepRowsFile);
+  CHECK(full["rows"].empty());
+  full["rows"] = read_result_rows(dir + "/full/result.json");
   REQUIRE(full["rows"].size() == 6 * 2 * 2 * 2 * 2);  // points x methods x seeds x layers x KV heads
+  CHECK(full["n_rows"] == full["rows"].size());
   CHECK(full["rows"][0]["sweep_point"] == 0);
   CHECK(full["rows"][0].contains("keep_first"));
 
@@ -102,7 +108,7 @@ TEST_CASE("kvlab sweep: interrupted + continued == uninterrupted; SLURM jobs + m
   CHECK(out.find("resuming") != std::string::npos);  // point 2 continued from its checkpoint
   part = nlohmann::json::parse(test::read_file(dir + "/part/result.json"));
   CHECK(part["complete"] == true);
-  CHECK(untimed(part["rows"]) == untimed(full["rows"]));
+  CHECK(untimed(read_result_rows(dir + "/part/result.json")) == untimed(full["rows"]));
 
   // SLURM: the script parses, two array tasks run locally, the rest too, and merge gathers them
   // (one LibTorch thread, as the sweep's own children here, so that the rows match bit for bit).
@@ -124,8 +130,7 @@ TEST_CASE("kvlab sweep: interrupted + continued == uninterrupted; SLURM jobs + m
                               "/jobs/sweep.sbatch > /dev/null 2>&1", &out) == 0);
   CHECK(test::run_command("SLURM_ARRAY_TASK_ID=6 bash " + dir + "/jobs/sweep.sbatch 2>&1", &out) == 2);
   REQUIRE(test::run_command(kvlab_cmd("merge " + dir + "/slurm --out " + dir + "/merged"), &out) == 0);
-  const auto merged = nlohmann::json::parse(test::read_file(dir + "/merged/result.json"));
-  CHECK(untimed(merged["rows"]) == untimed(full["rows"]));
+  CHECK(untimed(read_result_rows(dir + "/merged/result.json")) == untimed(full["rows"]));
 
   // --emit-jobs again into its own folder is fine; into a folder of the user's files it is refused
   // (before: sweep.sbatch, commands.txt and the point files were replaced).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvlab/core/config.h"
+#include "kvlab/core/report.h"
 #include "kvlab/io/synthetic.h"
 #include "test_util.h"
 
@@ -232,6 +233,27 @@ TEST_CASE("cli: replay writes complete results; shards merge to the unsharded ro
   CHECK(a["context"]["config"]["method"] == "exact,uniform,h2o");
   // A merge with a shard missing is refused.
   check_one_error(run_kvlab("merge " + dir + "/s0 --out " + dir + "/bad"), "1 of 2 shards");
+
+  // Shards that keep their rows in rows.jsonl (--rows-out jsonl) merge to the same rows, kept in
+  // rows.jsonl. Before: merge read result.json's empty "rows" and aggregated nothing.
+  for (int i : {0, 1})
+    REQUIRE(run_kvlab(common + " --rows-out jsonl --shard " + std::to_string(i) + "/2 --out " + dir + "/j" +
+                      std::to_string(i)).code == 0);
+  auto mj = run_kvlab("merge " + dir + "/j0 " + dir + "/j1 --out " + dir + "/merged_jsonl");
+  REQUIRE_MESSAGE(mj.code == 0, mj.out);
+  auto c = read_json_file(dir + "/merged_jsonl/result.json");
+  CHECK(c["rows_file"] == "rows.jsonl");
+  CHECK(c["rows"].empty());
+  auto rows_b = b["rows"], rows_c = read_result_rows(dir + "/merged_jsonl/result.json");
+  for (auto* rs : {&rows_b, &rows_c})
+    for (auto& r : *rs) r.erase("compress_ms");
+  CHECK(rows_c == rows_b);
+  CHECK(c["aggregate"]["overall"].size() == b["aggregate"]["overall"].size());
+  // A rows file cut short is one error naming it, not a silently smaller aggregate.
+  {
+    std::ofstream(dir + "/j1/rows.jsonl", std::ios::trunc) << "";
+    check_one_error(run_kvlab("merge " + dir + "/j0 " + dir + "/j1 --out " + dir + "/bad2"), "rows.jsonl: holds 0 rows");
+  }
 }
 
 TEST_CASE("cli: every method replays a real stories260K capture") {

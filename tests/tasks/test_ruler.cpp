@@ -253,7 +253,31 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   std::string again;
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
   std::ifstream f2(dir + "/run/result.json");
-  CHECK(nlohmann::json::parse(f2)["ruler"] == res["ruler"]);
+  const auto resumed = nlohmann::json::parse(f2);
+  CHECK(resumed["ruler"] == res["ruler"]);
+  CHECK(!resumed["context"].contains("earlier_runs"));  // one binary wrote it all
+  // Resumed by another binary (here: the run's git_sha changed by hand), the result.json says which
+  // binaries wrote before it. Before: the resuming binary's git_sha replaced theirs, and a shard
+  // computed over several commits claimed the last.
+  {
+    auto doctored = resumed;
+    doctored["context"]["git_sha"] = std::string(40, '0');
+    doctored["context"]["git_dirty"] = false;
+    doctored["context"]["date"] = "2026-01-01T00:00:00Z";
+    std::ofstream(dir + "/run/result.json") << doctored.dump(1);
+  }
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  std::ifstream f3(dir + "/run/result.json");
+  const auto ctx3 = nlohmann::json::parse(f3)["context"];
+  REQUIRE(ctx3.contains("earlier_runs"));
+  CHECK(ctx3["earlier_runs"] ==
+        nlohmann::json::parse(R"([{"git_sha": "0000000000000000000000000000000000000000", "git_dirty": false,)"
+                              R"( "date": "2026-01-01T00:00:00Z"}])"));
+  CHECK(ctx3["git_sha"] == resumed["context"]["git_sha"]);
+  // ... and keeps saying it on the next resume by the same binary.
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  std::ifstream f4(dir + "/run/result.json");
+  CHECK(nlohmann::json::parse(f4)["context"]["earlier_runs"] == ctx3["earlier_runs"]);
   // --data-only: the very same samples, nothing decoded.
   REQUIRE(test::run_command(base + " --data-only --out " + dir + "/data_only", &out) == 0);
   CHECK(lines(dir + "/data_only/data/fwe_512.jsonl") == data);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 #include "kvlab/core/provenance.h"
 
 namespace kvlab {
@@ -189,6 +190,28 @@ void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& r
   nlohmann::json j = {{"context", context}, {"rows", rows}};
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
   write_json_atomic(file("result.json"), j);
+}
+
+void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& rows, const std::string& rows_file,
+                          nlohmann::json extra) const {
+  std::string text;
+  for (const auto& r : rows) text += r.dump() + "\n";
+  write_text_atomic(file(rows_file), text);
+  extra["rows_file"] = rows_file;
+  extra["n_rows"] = rows.size();
+  write_result(context, nlohmann::json::array(), extra);
+}
+
+nlohmann::json read_result_rows(const std::string& path) {
+  const nlohmann::json j = read_json_file(path);
+  if (!j.contains("rows_file")) return j.value("rows", nlohmann::json::array());
+  const std::string rows_path =
+      (std::filesystem::path(path).parent_path() / j["rows_file"].get<std::string>()).string();
+  nlohmann::json rows = nlohmann::json::array();
+  for (auto& r : read_json_lines(rows_path)) rows.push_back(std::move(r));
+  KVLAB_CHECK(rows.size() == j.value("n_rows", size_t(0)), "{}: holds {} rows but {} says {} (\"n_rows\")", rows_path,
+              rows.size(), path, j.value("n_rows", size_t(0)));
+  return rows;
 }
 
 namespace {

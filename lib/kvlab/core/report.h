@@ -44,11 +44,20 @@ class RunDir {
   // Writes result.json = {"context": ..., "rows": rows, ...extra}.
   void write_result(const nlohmann::json& context, const nlohmann::json& rows,
                     const nlohmann::json& extra = nlohmann::json::object()) const;
+  // The same with the rows in the file `rows_file` beside it, one compact row per line, and
+  // result.json holding "rows": [], "rows_file" and "n_rows" (for runs whose rows outgrow an
+  // indented JSON file). The rows file is written first: result.json never names rows not there.
+  void write_result(const nlohmann::json& context, const nlohmann::json& rows, const std::string& rows_file,
+                    nlohmann::json extra = nlohmann::json::object()) const;
 
  private:
   std::string path_;
   std::shared_ptr<int> lock_;  // the lock file's descriptor, shared by copies; released by the last
 };
+
+// The rows of a result.json (`path`): its "rows", or the lines of the "rows_file" it names (which
+// must hold "n_rows" of them: a file cut short is an error naming both files).
+nlohmann::json read_result_rows(const std::string& path);
 
 // A command's run folder from its --out / --results-dir / --name / --overwrite flags: --out as
 // given (the same --out resumes), else <results_dir>/<name>/<UTC stamp>_<sha7>.

@@ -10,6 +10,7 @@
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
+#include "kvlab/core/report.h"
 
 namespace kvlab {
 
@@ -153,14 +154,9 @@ nlohmann::json sweep_point_rows(const std::string& point_dir, const SweepPoint& 
   const std::string file = point_dir + "/result.json";
   std::ifstream probe(file);
   KVLAB_CHECK(probe.good(), "sweep point {}: no {} (the point has not run)", point.index, file);
-  const nlohmann::json j = read_json_file(file);
-  KVLAB_CHECK(j.value("complete", false), "sweep point {}: {} is incomplete (its run did not finish)", point.index, file);
-  nlohmann::json rows = nlohmann::json::array();
-  if (j.contains("rows_file")) {
-    for (auto& r : read_json_lines(point_dir + "/" + j["rows_file"].get<std::string>())) rows.push_back(std::move(r));
-  } else {
-    rows = j.value("rows", nlohmann::json::array());
-  }
+  KVLAB_CHECK(read_json_file(file).value("complete", false), "sweep point {}: {} is incomplete (its run did not "
+              "finish)", point.index, file);
+  nlohmann::json rows = read_result_rows(file);
   for (auto& r : rows) r.update(point.columns);
   return rows;
 }

@@ -77,6 +77,12 @@ std::vector<SweepPoint> manifest_points(const nlohmann::json& manifest, const st
 // error naming it.
 nlohmann::json gather_sweep_rows(const std::string& dir, bool require_all, int* done);
 
+// A sweep's result.json keeps its rows in this file beside it, one compact row per line (a grid's
+// rows outgrow an indented result.json: BUZZ Table A's 2,100 rows were 2.3 MB). Committed with a
+// finished sweep (.gitignore leaves out the points' own result.json, not this), unlike replay's
+// optional rows.jsonl dumps.
+inline constexpr const char* kSweepRowsFile = "sweep_rows.jsonl";
+
 // A SLURM array-job script running point $SLURM_ARRAY_TASK_ID of `n_points`: a `case` over the
 // indices, each line `"$KVLAB" <command> --config <jobs_dir>/points/NNNN.json` (KVLAB defaults to
 // `kvlab_bin`, overridable from the environment; --threads from $KVLAB_THREADS or
