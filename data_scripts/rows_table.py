@@ -7,9 +7,11 @@ Usage: data_scripts/rows_table.py RESULT_JSON_OR_RUN_DIR --columns method,cache_
 Numbers are printed with --digits significant digits. Standard library only.
 """
 import argparse
-import json
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import compare_rows  # noqa: E402  (load_rows)
 
 
 def load_rows(path):
@@ -17,17 +19,7 @@ def load_rows(path):
         path = os.path.join(path, "result.json")
     if not os.path.isfile(path):
         sys.exit(f"rows_table: no result.json at {path}")
-    with open(path) as f:
-        result = json.load(f)
-    if not result.get("rows_file"):
-        return result["rows"]
-    # the rows in a file beside it (kvlab sweep's sweep_rows.jsonl, replay --rows-out jsonl)
-    with open(os.path.join(os.path.dirname(path), result["rows_file"])) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    if len(rows) != result["n_rows"]:
-        sys.exit(f"rows_table: {result['rows_file']} beside {path} holds {len(rows)} rows, result.json says "
-                 f"{result['n_rows']}")
-    return rows
+    return compare_rows.load_rows(path)  # inline, or the rows file it names (kvlab sweep)
 
 
 def fmt(v, digits):

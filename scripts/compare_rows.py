@@ -15,13 +15,19 @@ import sys
 
 
 def load_rows(path):
+    """The rows of a result.json: inline, or in the rows_file it names (n_rows of them)."""
     with open(path) as f:
         result = json.load(f)
-    if result.get("rows_file"):
-        rows_path = os.path.join(os.path.dirname(path), result["rows_file"])
-        with open(rows_path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    return result["rows"]
+    if not result.get("rows_file"):
+        return result["rows"]
+    rows_path = os.path.join(os.path.dirname(path), result["rows_file"])
+    if not os.path.isfile(rows_path):
+        sys.exit(f"{path} names its rows file {rows_path}, which is missing (replay's rows.jsonl is git-ignored)")
+    with open(rows_path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if len(rows) != result["n_rows"]:
+        sys.exit(f"{rows_path}: holds {len(rows)} rows but {path} says {result['n_rows']}")
+    return rows
 
 
 def main():

@@ -50,7 +50,7 @@ void merge_sweep(const MergeOptions& o, const nlohmann::json& effective) {
   context["merged_from"] = dir;
   context["sweep"] = {{"name", manifest["spec"].value("name", "")}, {"command", manifest["spec"].value("command", "")},
                       {"n_points", done}};
-  run.write_result(context, rows, kSweepRowsFile, {{"complete", true}, {"points_done", done}});
+  run.write_result_and_rows(context, rows, kSweepRowsFile, {{"complete", true}, {"points_done", done}});
   fmt::print(stderr, "[merge] sweep {}: {} rows from {} points -> {}\n", dir, rows.size(), done, run.file("result.json"));
 }
 
@@ -155,8 +155,10 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     if (base_config.is_null()) base_config = config;
     KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
                 o.inputs.front(), config.dump(), base_config.dump());
+    j["rows"] = read_result_rows(j, file);  // inline or in a rows file (replay --rows-out jsonl)
+    j.erase("rows_file");
     by_shard[i] = {fs::is_directory(in) ? in : fs::path(in).parent_path().string(), j};
-    for (auto& r : read_result_rows(file)) rows.push_back(std::move(r));  // inline or --rows-out jsonl
+    for (const auto& r : j["rows"]) rows.push_back(r);
     if (j.contains("skipped_nonfinite"))
       for (auto& u : j["skipped_nonfinite"].value("units", nlohmann::json::array())) skipped.push_back(u);
     shards.push_back(j["context"]);
@@ -173,7 +175,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     extra["skipped_nonfinite"] = {{"count", skipped.size()},
                                   {"units", skipped.is_null() ? nlohmann::json::array() : skipped}};
   if (base_config.value("rows_out", "inline") == "jsonl")
-    run.write_result(context, rows, "rows.jsonl", extra);
+    run.write_result_and_rows(context, rows, "rows.jsonl", extra);
   else
     run.write_result(context, rows, extra);
   write_replay_tables(run, agg);

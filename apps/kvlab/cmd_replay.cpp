@@ -220,7 +220,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   auto write = [&](nlohmann::json extra) {
     if (o.skip_nonfinite) extra["skipped_nonfinite"] = {{"count", skipped.size()}, {"units", skipped}};
     if (o.rows_out == "inline") return run.write_result(context, rows, extra);
-    run.write_result(context, rows, "rows.jsonl", extra);
+    run.write_result_and_rows(context, rows, "rows.jsonl", extra);
   };
   Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
   const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());

@@ -3,8 +3,8 @@
 // each point a child process of this binary,
 //   /proc/self/exe --threads N <command> --config <out>/points/NNNN.json     (its "out": <out>/points/NNNN)
 // into one folder: config.json (the sweep file), sweep.json (every point's config and columns),
-// points/NNNN/ (each point's own run) and result.json with one row per point row, each carrying
-// "sweep_point" and the point's axis values.
+// points/NNNN/ (each point's own run) and result.json naming sweep_rows.jsonl: one row per point
+// row, each carrying "sweep_point" and the point's axis values.
 //
 // Resume: a point whose result.json is complete is not run again, and a point cut off midway
 // resumes from its own checkpoint (replay's), so an interrupted sweep run again with the same
@@ -150,12 +150,12 @@ void run_sweep(const SweepOptions& o, const nlohmann::json& effective) {
     ++ran;
     int done = 0;
     auto rows = gather_sweep_rows(out_abs, false, &done);
-    run.write_result(context, rows, kSweepRowsFile, {{"complete", false}, {"points_done", done}});
+    run.write_result_and_rows(context, rows, kSweepRowsFile, {{"complete", false}, {"points_done", done}});
   }
   int done = 0;
   auto rows = gather_sweep_rows(out_abs, false, &done);
   const bool complete = done == int(points.size());
-  run.write_result(context, rows, kSweepRowsFile, {{"complete", complete}, {"points_done", done}});
+  run.write_result_and_rows(context, rows, kSweepRowsFile, {{"complete", complete}, {"points_done", done}});
   fmt::print(stderr, "[sweep] {} of {} points done, {} rows -> {}{}\n", done, points.size(), rows.size(),
              run.file("result.json"), complete ? "" : " (incomplete: run the same command again to continue)");
 }

@@ -85,26 +85,42 @@ std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o) {
   return std::make_unique<TaskModel>(TaskModel{src, std::move(model), std::move(tok), context});
 }
 
+nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& now) {
+  nlohmann::json runs = prev.value("earlier_runs", nlohmann::json::array());
+  auto same = [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a.value("git_sha", "") == b.value("git_sha", "") && a.value("git_dirty", false) == b.value("git_dirty", false);
+  };
+  if (!prev.value("git_sha", "").empty()) {
+    const nlohmann::json entry = {{"git_sha", prev["git_sha"]}, {"git_dirty", prev.value("git_dirty", false)},
+                                  {"date", prev.value("date", "")}};
+    if (!runs.empty() && same(runs.back(), entry))
+      runs.back()["date"] = entry["date"];
+    else
+      runs.push_back(entry);
+  }
+  // This very binary is not an earlier one, unless dirty: its sha does not say what code it ran.
+  if (!runs.empty() && same(runs.back(), now) && !now.value("git_dirty", false)) runs.erase(runs.size() - 1);
+  return runs;
+}
+
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective) {
   TaskRun tr{open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite),
              context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
   tr.ctx["model_id"] = tm.model.id;
   tr.ctx["protocol"] = parse_task_protocol(o.protocol, o.decode_rule).to_json();
   tr.ctx["preset"] = o.preset;
-  // A resumed run keeps the provenance of the binaries that wrote its earlier predictions (its
-  // result.json is rewritten with this run's git_sha): one entry per change of git_sha.
+  // The binaries that wrote this folder's predictions before (a resumed run, or --overwrite, which
+  // reuses the lines still valid) stay named: result.json is rewritten with them now, before any
+  // line is written, so a run killed before its first dataset finished is named too.
   const std::string prev_file = tr.run.file("result.json");
-  if (!o.overwrite && std::filesystem::exists(prev_file)) {
-    const nlohmann::json prev = read_json_file(prev_file).value("context", nlohmann::json::object());
-    nlohmann::json earlier = prev.value("earlier_runs", nlohmann::json::array());
-    const auto sha = prev.value("git_sha", "");
-    if (earlier.empty() || earlier.back().value("git_sha", "") != sha)
-      earlier.push_back({{"git_sha", sha}, {"git_dirty", prev.value("git_dirty", false)}, {"date", prev.value("date", "")}});
-    else
-      earlier.back()["date"] = prev.value("date", "");  // the last time that binary wrote
-    if (earlier.back().value("git_sha", "") == tr.ctx.value("git_sha", "")) earlier.erase(earlier.size() - 1);
-    if (!earlier.empty()) tr.ctx["earlier_runs"] = earlier;
+  nlohmann::json prev_rows = nlohmann::json::array();
+  if (std::filesystem::exists(prev_file)) {
+    const nlohmann::json prev = read_json_file(prev_file);
+    const nlohmann::json runs = earlier_runs(prev.value("context", nlohmann::json::object()), tr.ctx);
+    if (!runs.empty()) tr.ctx["earlier_runs"] = runs;
+    if (!o.overwrite) prev_rows = prev.value("rows", prev_rows);
   }
+  tr.run.write_result(tr.ctx, prev_rows, {{"complete", false}});
   return tr;
 }
 

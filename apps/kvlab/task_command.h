@@ -67,6 +67,14 @@ struct TaskRun {
   RunDir run;
   nlohmann::json ctx;
 };
+// The binaries that wrote a run before this one: the previous result.json's context `prev` (its
+// git_sha, git_dirty and date) appended to its own "earlier_runs", repeats of one (sha, dirty) pair
+// in a row merged (the date their last run started), less a last entry equal to `now` (this run's
+// context) when `now` is a clean build. An entry without a git_sha is dropped.
+nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& now);
+
+// The run folder and its context (model, protocol, preset, earlier_runs); writes a result.json
+// with "complete": false (the rows of an earlier run kept unless --overwrite) before anything runs.
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
 
 // The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.

@@ -39,6 +39,72 @@ TEST_CASE("run directories hold config.json and an atomically written result.jso
   CHECK(render_csv(j["rows"], {"method", "rel_err"}) == "method,rel_err\nexact,0\n");
 }
 
+TEST_CASE("result.json's layout: nlohmann's dump(2) but one compact line per row; parses back to the same JSON") {
+  const nlohmann::json context = {{"config", {{"prompt", "two\nlines \"quoted\""}, {"ratio", {0.25, 0.5}}}},
+                                  {"git_sha", "abc"}, {"empty", nlohmann::json::object()}};
+  nlohmann::json rows = nlohmann::json::array();
+  for (int i = 0; i < 3; ++i)
+    rows.push_back({{"method", "h2o"}, {"record_scores", {{"0", 1.0}, {"8", 2.0 / 3}}}, {"params", {{"w", i}}}});
+  const nlohmann::json j = {{"complete", true}, {"context", context}, {"rows", rows}, {"ruler", {{{"a", 1}}}}};
+  const std::string text = result_json_text(j);
+  CHECK(nlohmann::json::parse(text) == j);
+  // Without rows (or with none), exactly what dump(2) writes.
+  nlohmann::json no_rows = j;
+  no_rows.erase("rows");
+  CHECK(result_json_text(no_rows) == no_rows.dump(2) + "\n");
+  no_rows["rows"] = nlohmann::json::array();
+  CHECK(result_json_text(no_rows) == no_rows.dump(2) + "\n");
+  CHECK(result_json_text(nlohmann::json::object()) == "{}\n");
+  // Each row on its own line, compact; everything else where dump(2) puts it.
+  std::istringstream in(text);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  int row_lines = 0;
+  for (const auto& l : lines)
+    if (l.rfind("    {\"method\"", 0) == 0) {
+      const std::string body = l.back() == ',' ? l.substr(4, l.size() - 5) : l.substr(4);
+      CHECK(nlohmann::json::parse(body) == rows[size_t(row_lines)]);
+      CHECK(body == rows[size_t(row_lines)].dump());
+      ++row_lines;
+    }
+  CHECK(row_lines == 3);
+  const std::string context_text = "  \"context\": " + [&] {
+    std::string v = context.dump(2), out;
+    for (char c : v) out += c == '\n' ? std::string("\n  ") : std::string(1, c);
+    return out;
+  }();
+  CHECK(text.find(context_text) != std::string::npos);
+}
+
+TEST_CASE("rows in a file beside result.json: written, read back, and a missing, cut or broken file is one error naming it") {
+  auto base = test::temp_dir("rows_file");
+  RunDir run(base, "exp", {{"x", 1}});
+  nlohmann::json rows = nlohmann::json::array();
+  for (int i = 0; i < 4; ++i) rows.push_back({{"i", i}, {"v", 0.1 * i}, {"s", "a\nb"}});
+  run.write_result_and_rows(context_block("cpu", 0, {{"x", 1}}), rows, "rows.jsonl", {{"complete", true}});
+  const auto j = read_json_file(run.file("result.json"));
+  CHECK(j["rows"].empty());
+  CHECK(j["rows_file"] == "rows.jsonl");
+  CHECK(j["n_rows"] == 4);
+  CHECK(j["complete"] == true);
+  CHECK(test::read_file(run.file("rows.jsonl")) == rows[0].dump() + "\n" + rows[1].dump() + "\n" + rows[2].dump() +
+                                                       "\n" + rows[3].dump() + "\n");
+  CHECK(read_result_rows(run.file("result.json")) == rows);
+  // Inline rows read as they are.
+  run.write_result(context_block("cpu", 0, {{"x", 1}}), rows);
+  CHECK(read_result_rows(run.file("result.json")) == rows);
+  run.write_result_and_rows(context_block("cpu", 0, {{"x", 1}}), rows, "rows.jsonl");
+  const std::string text = test::read_file(run.file("rows.jsonl"));
+  std::ofstream(run.file("rows.jsonl"), std::ios::trunc) << text.substr(0, text.rfind('{'));  // last row cut off
+  const std::string cut = "rows.jsonl: holds 3 rows but " + run.file("result.json") + " says 4";
+  CHECK_THROWS_WITH_AS(read_result_rows(run.file("result.json")), doctest::Contains(cut.c_str()), Error);
+  std::ofstream(run.file("rows.jsonl"), std::ios::trunc) << text.substr(0, text.size() - 5) << "\n";  // a cut line
+  CHECK_THROWS_WITH_AS(read_result_rows(run.file("result.json")), doctest::Contains("rows.jsonl:4: not a JSON row"),
+                       Error);
+  std::filesystem::remove(run.file("rows.jsonl"));
+  CHECK_THROWS_WITH_AS(read_result_rows(run.file("result.json")), doctest::Contains("which is missing"), Error);
+}
+
 TEST_CASE("sha256 of a file equals sha256 of its bytes, across the 1 MiB read blocks") {
   auto dir = test::temp_dir("sha_file");
   for (size_t n : {size_t(0), size_t(3), size_t(64), size_t(1) << 20, (size_t(1) << 20) + 65}) {

@@ -255,7 +255,12 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   std::ifstream f2(dir + "/run/result.json");
   const auto resumed = nlohmann::json::parse(f2);
   CHECK(resumed["ruler"] == res["ruler"]);
-  CHECK(!resumed["context"].contains("earlier_runs"));  // one binary wrote it all
+  // One binary wrote it all: nothing earlier, unless it is a dirty build (its sha does not say what
+  // code it ran, so each of its runs is named).
+  if (!resumed["context"]["git_dirty"].get<bool>())
+    CHECK(!resumed["context"].contains("earlier_runs"));
+  else
+    CHECK(resumed["context"]["earlier_runs"].size() == 1);
   // Resumed by another binary (here: the run's git_sha changed by hand), the result.json says which
   // binaries wrote before it. Before: the resuming binary's git_sha replaced theirs, and a shard
   // computed over several commits claimed the last.
@@ -264,6 +269,7 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
     doctored["context"]["git_sha"] = std::string(40, '0');
     doctored["context"]["git_dirty"] = false;
     doctored["context"]["date"] = "2026-01-01T00:00:00Z";
+    doctored["context"].erase("earlier_runs");
     std::ofstream(dir + "/run/result.json") << doctored.dump(1);
   }
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
@@ -274,10 +280,30 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
         nlohmann::json::parse(R"([{"git_sha": "0000000000000000000000000000000000000000", "git_dirty": false,)"
                               R"( "date": "2026-01-01T00:00:00Z"}])"));
   CHECK(ctx3["git_sha"] == resumed["context"]["git_sha"]);
-  // ... and keeps saying it on the next resume by the same binary.
+  // ... and keeps saying it on the next resume by the same binary (a clean one adds nothing; a
+  // dirty one, itself).
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
   std::ifstream f4(dir + "/run/result.json");
-  CHECK(nlohmann::json::parse(f4)["context"]["earlier_runs"] == ctx3["earlier_runs"]);
+  const auto runs4 = nlohmann::json::parse(f4)["context"]["earlier_runs"];
+  CHECK(runs4[0] == ctx3["earlier_runs"][0]);
+  CHECK(runs4.size() == (ctx3["git_dirty"].get<bool>() ? 2u : 1u));
+  // The same sha built from another tree (dirty vs clean) is another binary: named, not merged away.
+  {
+    auto doctored = nlohmann::json::parse(test::read_file(dir + "/run/result.json"));
+    doctored["context"]["git_dirty"] = !doctored["context"]["git_dirty"].get<bool>();
+    doctored["context"].erase("earlier_runs");
+    std::ofstream(dir + "/run/result.json") << doctored.dump(1);
+  }
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  const auto runs5 = nlohmann::json::parse(test::read_file(dir + "/run/result.json"))["context"]["earlier_runs"];
+  REQUIRE(runs5.size() == 1);
+  CHECK(runs5[0]["git_sha"] == ctx3["git_sha"]);
+  CHECK(runs5[0]["git_dirty"] == !ctx3["git_dirty"].get<bool>());
+  // --overwrite reuses the lines still valid, so it names the binaries before it too.
+  REQUIRE(test::run_command(base + " --overwrite --out " + dir + "/run", &again) == 0);
+  const auto runs6 = nlohmann::json::parse(test::read_file(dir + "/run/result.json"))["context"]["earlier_runs"];
+  CHECK(runs6.size() >= 1);
+  CHECK(runs6[0] == runs5[0]);
   // --data-only: the very same samples, nothing decoded.
   REQUIRE(test::run_command(base + " --data-only --out " + dir + "/data_only", &out) == 0);
   CHECK(lines(dir + "/data_only/data/fwe_512.jsonl") == data);

@@ -185,15 +185,33 @@ RunDir open_run_dir(const std::string& out, const std::string& results_dir, cons
   return RunDir(out.empty() ? results_dir : out, name, config, /*exact=*/!out.empty(), overwrite);
 }
 
+std::string result_json_text(const nlohmann::json& j) {
+  std::string text = "{";
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    text += (it == j.begin() ? "\n  " : ",\n  ") + nlohmann::json(it.key()).dump() + ": ";
+    if (it.key() == "rows" && it->is_array() && !it->empty()) {
+      text += "[";
+      for (size_t i = 0; i < it->size(); ++i) text += (i ? ",\n    " : "\n    ") + (*it)[i].dump();
+      text += "\n  ]";
+    } else {
+      // Nested lines one level in; a newline inside a string is escaped, so every '\n' is layout.
+      std::string value = it->dump(2);
+      for (size_t p = 0; (p = value.find('\n', p)) != std::string::npos; p += 3) value.replace(p, 1, "\n  ");
+      text += value;
+    }
+  }
+  return text + (j.empty() ? "}\n" : "\n}\n");
+}
+
 void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& rows,
                           const nlohmann::json& extra) const {
   nlohmann::json j = {{"context", context}, {"rows", rows}};
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
-  write_json_atomic(file("result.json"), j);
+  write_text_atomic(file("result.json"), result_json_text(j));
 }
 
-void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& rows, const std::string& rows_file,
-                          nlohmann::json extra) const {
+void RunDir::write_result_and_rows(const nlohmann::json& context, const nlohmann::json& rows,
+                                   const std::string& rows_file, nlohmann::json extra) const {
   std::string text;
   for (const auto& r : rows) text += r.dump() + "\n";
   write_text_atomic(file(rows_file), text);
@@ -202,17 +220,31 @@ void RunDir::write_result(const nlohmann::json& context, const nlohmann::json& r
   write_result(context, nlohmann::json::array(), extra);
 }
 
-nlohmann::json read_result_rows(const std::string& path) {
-  const nlohmann::json j = read_json_file(path);
-  if (!j.contains("rows_file")) return j.value("rows", nlohmann::json::array());
+nlohmann::json read_result_rows(const nlohmann::json& result, const std::string& path) {
+  if (!result.contains("rows_file")) return result.value("rows", nlohmann::json::array());
   const std::string rows_path =
-      (std::filesystem::path(path).parent_path() / j["rows_file"].get<std::string>()).string();
+      (std::filesystem::path(path).parent_path() / result["rows_file"].get<std::string>()).string();
+  const size_t n_rows = result.value("n_rows", size_t(0));
+  std::ifstream in(rows_path);
+  KVLAB_CHECK(in.good(), "{}: names its rows file {} ({} rows), which is missing (replay's rows.jsonl is "
+              "git-ignored: run the command again to make it)", path, rows_path, n_rows);
   nlohmann::json rows = nlohmann::json::array();
-  for (auto& r : read_json_lines(rows_path)) rows.push_back(std::move(r));
-  KVLAB_CHECK(rows.size() == j.value("n_rows", size_t(0)), "{}: holds {} rows but {} says {} (\"n_rows\")", rows_path,
-              rows.size(), path, j.value("n_rows", size_t(0)));
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.empty()) continue;
+    try {
+      rows.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::parse_error& e) {
+      KVLAB_FAIL("{}:{}: not a JSON row ({})", rows_path, line_no, e.what());
+    }
+  }
+  KVLAB_CHECK(rows.size() == n_rows, "{}: holds {} rows but {} says {} (\"n_rows\")", rows_path, rows.size(), path,
+              n_rows);
   return rows;
 }
+
+nlohmann::json read_result_rows(const std::string& path) { return read_result_rows(read_json_file(path), path); }
 
 namespace {
 std::string cell(const nlohmann::json& v, int precision) {

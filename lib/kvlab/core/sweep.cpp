@@ -154,9 +154,10 @@ nlohmann::json sweep_point_rows(const std::string& point_dir, const SweepPoint& 
   const std::string file = point_dir + "/result.json";
   std::ifstream probe(file);
   KVLAB_CHECK(probe.good(), "sweep point {}: no {} (the point has not run)", point.index, file);
-  KVLAB_CHECK(read_json_file(file).value("complete", false), "sweep point {}: {} is incomplete (its run did not "
-              "finish)", point.index, file);
-  nlohmann::json rows = read_result_rows(file);
+  const nlohmann::json result = read_json_file(file);
+  KVLAB_CHECK(result.value("complete", false), "sweep point {}: {} is incomplete (its run did not finish)", point.index,
+              file);
+  nlohmann::json rows = read_result_rows(result, file);
   for (auto& r : rows) r.update(point.columns);
   return rows;
 }
