@@ -187,7 +187,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     const nlohmann::json prev = read_json_file(checkpoint);
     if (!prev.value("complete", true)) {
       try {
-        rows = read_result_rows(checkpoint);
+        rows = read_result_rows(prev, checkpoint);  // prev: the checkpoint, already read
       } catch (const Error& e) {
         KVLAB_FAIL("{}; remove --out {} or pass --overwrite to start again", e.what(), o.out);
       }
