@@ -122,6 +122,11 @@ def main():
                 d, r = cell(src, "balancekv", s, layer)["rel_err"], cell(rsrc, "balancekv", s, layer)["rel_err"]
                 cmp.append(f"{name}: {r / d:.2f}x")
             lines.append(f"- {s}: release estimator's error / default's: " + ", ".join(cmp) + ".")
+    if res.get("rows_file"):
+        lines.append(f"\nThe per-head rows ({res.get('n_rows', '?')} of them, `{res['rows_file']}` beside result.json) are "
+                     "not committed (`.gitignore`: `/results/*/*/rows.jsonl`); the tables above come from "
+                     "result.json's aggregates, and running the config again writes the rows"
+                     + (" (the same holds for the release run's)." if a.release else "."))
     text = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out, "w") as f:

@@ -561,7 +561,7 @@ TEST_CASE("cli: SIGTERM to kvlab run reaches its running step; no child or /tmp/
   CHECK_FALSE(fs::exists(dir + "/c.h5.config.json"));
 }
 
-TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its checkpoint; rows as uninterrupted") {
+TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its checkpoint (rows inline or in rows.jsonl); rows as uninterrupted") {
   auto model = test::shared_dir() + "/models/stories260K";
   if (!fs::exists(model + "/model.safetensors")) {
     MESSAGE("stories260K not found under " << model << ": skipped");
@@ -591,34 +591,43 @@ TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its 
     ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
     return old;
   };
-  const float kept = poke(std::numeric_limits<float>::quiet_NaN());
-  const std::string resumed_cmd = common + " --capture " + dir + "/b.h5 --out " + dir + "/resumed";
-  auto first = run_kvlab(resumed_cmd);
-  REQUIRE(first.code != 0);
-  auto partial = read_json_file(dir + "/resumed/result.json");
-  CHECK(partial["complete"] == false);
-  std::set<int> layers_done;
-  for (const auto& row : partial["rows"]) layers_done.insert(row["layer"].get<int>());
-  CHECK(layers_done == std::set<int>{0, 1});
+  const auto full_rows = read_json_file(dir + "/full/result.json");
+  // Both layouts of the checkpoint: rows inline in result.json, and rows.jsonl beside it.
+  for (const std::string rows_out : {"inline", "jsonl"}) {
+    CAPTURE(rows_out);
+    const std::string out = dir + "/resumed_" + rows_out;
+    const float kept = poke(std::numeric_limits<float>::quiet_NaN());
+    const std::string resumed_cmd = common + " --rows-out " + rows_out + " --capture " + dir + "/b.h5 --out " + out;
+    auto first = run_kvlab(resumed_cmd);
+    REQUIRE(first.code != 0);
+    auto partial = read_json_file(out + "/result.json");
+    CHECK(partial["complete"] == false);
+    CHECK(partial.contains("rows_file") == (rows_out == "jsonl"));
+    std::set<int> layers_done;
+    for (const auto& row : read_result_rows(out + "/result.json")) layers_done.insert(row["layer"].get<int>());
+    CHECK(layers_done == std::set<int>{0, 1});
 
-  poke(kept);
-  auto second = run_kvlab(resumed_cmd);
-  REQUIRE_MESSAGE(second.code == 0, second.out);
-  CHECK_MESSAGE(second.out.find("resuming " + dir + "/resumed: 2 of 5 units already measured") != std::string::npos,
-                second.out);
-  auto a = read_json_file(dir + "/full/result.json"), b = read_json_file(dir + "/resumed/result.json");
-  CHECK(b["complete"] == true);
-  // scripts/compare_rows.py: rows equal as JSON except the timing field.
-  REQUIRE(a["rows"].size() == b["rows"].size());
-  CHECK(a["rows"].size() == 5 * 4 * 2 * 3);  // 5 layers x 4 KV heads x 2 seeds x 3 methods
-  for (size_t i = 0; i < a["rows"].size(); ++i) {
-    auto ra = a["rows"][i], rb = b["rows"][i];
-    ra.erase("compress_ms");
-    rb.erase("compress_ms");
-    CHECK_MESSAGE(ra == rb, "row " << i << ": " << ra.dump() << " vs " << rb.dump());
+    poke(kept);
+    auto second = run_kvlab(resumed_cmd);
+    REQUIRE_MESSAGE(second.code == 0, second.out);
+    CHECK_MESSAGE(second.out.find("resuming " + out + ": 2 of 5 units already measured") != std::string::npos,
+                  second.out);
+    const auto& a = full_rows;
+    auto b = read_json_file(out + "/result.json");
+    CHECK(b["complete"] == true);
+    const auto rows_a = a["rows"], rows_b = read_result_rows(out + "/result.json");
+    // scripts/compare_rows.py: rows equal as JSON except the timing field.
+    REQUIRE(rows_a.size() == rows_b.size());
+    CHECK(rows_a.size() == 5 * 4 * 2 * 3);  // 5 layers x 4 KV heads x 2 seeds x 3 methods
+    for (size_t i = 0; i < rows_a.size(); ++i) {
+      auto ra = rows_a[i], rb = rows_b[i];
+      ra.erase("compress_ms");
+      rb.erase("compress_ms");
+      CHECK_MESSAGE(ra == rb, "row " << i << ": " << ra.dump() << " vs " << rb.dump());
+    }
+    for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i)
+      CHECK(a["aggregate"]["overall"][i]["rel_err"] == b["aggregate"]["overall"][i]["rel_err"]);
   }
-  for (size_t i = 0; i < a["aggregate"]["overall"].size(); ++i)
-    CHECK(a["aggregate"]["overall"][i]["rel_err"] == b["aggregate"]["overall"][i]["rel_err"]);
 }
 
 TEST_CASE("cli: generate --logits-out and calibrate --out never replace a file without --overwrite") {
