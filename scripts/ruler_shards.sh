@@ -18,7 +18,7 @@ config=${CONFIG:-configs/paper/ruler.json}
 cfg=$(mktemp --suffix=.json)
 trap 'rm -f "$cfg"' EXIT
 read -r name calibrate < <(python3 - "$config" "$step" "$cfg" <<'PY'
-import json, sys
+import json, os, sys
 steps = json.load(open(sys.argv[1]))["steps"]
 i = int(sys.argv[2])
 if not 0 <= i < len(steps) or steps[i]["command"] != "ruler":
@@ -28,15 +28,21 @@ c = dict(steps[i]["config"])
 name = c.pop("name")
 c.pop("results_dir", None)
 json.dump(c, open(sys.argv[3], "w"), indent=1)
-# chelsea's outlier heads come from the file's calibrate step, run before the shards
-cal = [s["config"]["out"] for s in steps if s["command"] == "calibrate chelsea"]
-print(name, cal[0] if cal and "chelsea" in c.get("method", "") else "-")
+# chelsea's outlier heads and duo_attention's head scores come from the file's calibrate steps, run
+# before the shards: "-" when the step needs none, else the first missing one as "index:what:out"
+methods = c.get("method", "").split(",")
+need = [(j, s["command"].split()[1], s["config"]["out"]) for j, s in enumerate(steps)
+        if s["command"] in ("calibrate chelsea", "calibrate duo")
+        and ({"chelsea": "chelsea", "duo": "duo_attention"}[s["command"].split()[1]] in methods)]
+missing = [f"{j}:{what}:{out}" for j, what, out in need if not os.path.exists(out)]
+print(name, missing[0] if missing else "-")
 PY
 )
 [ -n "$name" ] || exit 2
-if [ "$calibrate" != "-" ] && [ ! -f "$calibrate" ]; then
-  echo "ruler_shards: $calibrate is missing: run the calibrate step of $config first, e.g." >&2
-  echo "  python3 -c \"import json; json.dump(json.load(open('$config'))['steps'][0]['config'], open('/tmp/cal.json', 'w'))\" && $kvlab calibrate chelsea --config /tmp/cal.json" >&2
+if [ "$calibrate" != "-" ]; then
+  IFS=: read -r cal_step cal_what cal_out <<< "$calibrate"
+  echo "ruler_shards: $cal_out is missing: run step $cal_step of $config (calibrate $cal_what) first, e.g." >&2
+  echo "  python3 -c \"import json; json.dump(json.load(open('$config'))['steps'][$cal_step]['config'], open('/tmp/cal.json', 'w'))\" && $kvlab calibrate $cal_what --config /tmp/cal.json" >&2
   exit 2
 fi
 logs=${TMPDIR:-/tmp}

@@ -4,7 +4,9 @@
   scripts/ruler_table.py RUN [RUN ...] [--floor 20] [--top 3]
 
 RUN is a run folder (a merged run, or the shards of one: their records are pooled; every folder
-must come from the same config apart from --shard). Reads RUN/pred/<branch>/<task>_<length>.jsonl
+must come from the same config apart from --shard, or from steps over the same samples with
+different methods, e.g. a step of configs/paper/ruler.json and its _extra step: a sample both runs
+hold, the full cache's, must score the same in both). Reads RUN/pred/<branch>/<task>_<length>.jsonl
 (one line per sample: "score" in 0..1, "rougeL_vs_exact") and RUN/result.json (the protocol).
 Prints, per length, markdown tables:
   1. the leaderboard's layout: one row per method, one column per compression ratio (kvpress's
@@ -65,7 +67,12 @@ def load(runs):
                 for line in f:
                     if line.strip():
                         r = json.loads(line)
-                        records[(branch, task, length)][r["id"]] = (100.0 * r["score"], r["rougeL_vs_exact"])
+                        key, value = (branch, task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
+                        # runs pooled over the same samples (a step and its _extra step) share exact
+                        if records[key].get(r["id"], value) != value:
+                            sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
+                                     f"{records[key][r['id']]}: runs over different samples cannot be pooled")
+                        records[key][r["id"]] = value
     if len(runs) == 1:
         check_against_result(result, records, runs[0])
     return records, protocol
