@@ -52,8 +52,10 @@ def load(runs):
     """records[(branch, task, length)][id] = (score, rougeL_vs_exact), pooled over the folders."""
     records = defaultdict(dict)
     protocol = None
+    results = []
     for run in runs:
         result = json.load(open(os.path.join(run, "result.json")))
+        results.append((run, result))
         cfg = result.get("context", {}).get("config", {})
         if protocol not in (None, cfg.get("protocol")):
             sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
@@ -73,8 +75,11 @@ def load(runs):
                             sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
                                      f"{records[key][r['id']]}: runs over different samples cannot be pooled")
                         records[key][r["id"]] = value
-    if len(runs) == 1:
-        check_against_result(result, records, runs[0])
+    # A whole run's own table covers all its samples; a shard's covers only its own, so shards
+    # pooled with their siblings are not checked one by one.
+    for run, result in results:
+        if len(runs) == 1 or "merged_from" in result.get("context", {}):
+            check_against_result(result, records, run)
     return records, protocol
 
 
