@@ -73,7 +73,8 @@ def load(runs):
                         # runs pooled over the same samples (a step and its _extra step) share exact
                         if records[key].get(r["id"], value) != value:
                             sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
-                                     f"{records[key][r['id']]}: runs over different samples cannot be pooled")
+                                     f"{records[key][r['id']]}: only runs over the same samples, whose shared branches have the same "
+                                     f"settings, can be pooled")
                         records[key][r["id"]] = value
     # A whole run's own table covers all its samples; a shard's covers only its own, so shards
     # pooled with their siblings are not checked one by one.
