@@ -31,10 +31,9 @@ json.dump(c, open(sys.argv[3], "w"), indent=1)
 # chelsea's outlier heads and duo_attention's head scores come from the file's calibrate steps, run
 # before the shards: "-" when the step needs none, else the first missing one as "index:what:out"
 methods = c.get("method", "").split(",")
-need = [(j, s["command"].split()[1], s["config"]["out"]) for j, s in enumerate(steps)
-        if s["command"] in ("calibrate chelsea", "calibrate duo")
-        and ({"chelsea": "chelsea", "duo": "duo_attention"}[s["command"].split()[1]] in methods)]
-missing = [f"{j}:{what}:{out}" for j, what, out in need if not os.path.exists(out)]
+calibrated = {"calibrate chelsea": "chelsea", "calibrate duo": "duo_attention"}  # step -> the method it serves
+missing = [f"{j}:{s['command'].split()[1]}:{s['config']['out']}" for j, s in enumerate(steps)
+           if calibrated.get(s["command"]) in methods and not os.path.exists(s["config"]["out"])]
 print(name, missing[0] if missing else "-")
 PY
 )

@@ -591,7 +591,7 @@ TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its 
     ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
     return old;
   };
-  const auto full_rows = read_json_file(dir + "/full/result.json");
+  const auto a = read_json_file(dir + "/full/result.json");
   // Both layouts of the checkpoint: rows inline in result.json, and rows.jsonl beside it.
   for (const std::string rows_out : {"inline", "jsonl"}) {
     CAPTURE(rows_out);
@@ -612,10 +612,10 @@ TEST_CASE("cli: an interrupted replay of a stories260K capture resumes from its 
     REQUIRE_MESSAGE(second.code == 0, second.out);
     CHECK_MESSAGE(second.out.find("resuming " + out + ": 2 of 5 units already measured") != std::string::npos,
                   second.out);
-    const auto& a = full_rows;
-    auto b = read_json_file(out + "/result.json");
+    const auto b = read_json_file(out + "/result.json");
     CHECK(b["complete"] == true);
-    const auto rows_a = a["rows"], rows_b = read_result_rows(out + "/result.json");
+    const auto& rows_a = a["rows"];
+    const auto rows_b = read_result_rows(b, out + "/result.json");
     // scripts/compare_rows.py: rows equal as JSON except the timing field.
     REQUIRE(rows_a.size() == rows_b.size());
     CHECK(rows_a.size() == 5 * 4 * 2 * 3);  // 5 layers x 4 KV heads x 2 seeds x 3 methods
