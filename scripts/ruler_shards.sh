@@ -47,6 +47,13 @@ fi
 logs=${TMPDIR:-/tmp}
 worker() {
   for ((i = $1; i < n; i += workers)); do
+    # a complete shard is not run again: a resume that computes nothing would still rewrite its
+    # result.json as this binary's run (context.earlier_runs), blurring which binary made it
+    if python3 -c "import json, sys; sys.exit(not json.load(open(sys.argv[1])).get('complete'))" \
+         "results/$name/shards/shard$i/result.json" 2>/dev/null; then
+      echo "ruler_shards: shard $i/$n of step $step is complete (results/$name/shards/shard$i)"
+      continue
+    fi
     echo "ruler_shards: shard $i/$n of step $step -> results/$name/shards/shard$i (progress: $logs/ruler_${name}_shard$i.log)"
     env -u OPENBLAS_CORETYPE "$kvlab" --threads 1 ruler --config "$cfg" --shard "$i/$n" \
       --out "results/$name/shards/shard$i" > "$logs/ruler_${name}_shard$i.log" 2>&1 ||

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RULER in kvpress's leaderboard layout, from a `kvlab ruler` run: methods x compression ratios.
 
-  scripts/ruler_table.py RUN [RUN ...] [--floor 20] [--top 3]
+  scripts/ruler_table.py RUN [RUN ...] [--floor 20] [--top 3] [--compare A:B[,C:D ...]]
 
 RUN is a run folder (a merged run, or the shards of one: their records are pooled; every folder
 must come from the same config apart from --shard, or from steps over the same samples with
@@ -15,7 +15,9 @@ Prints, per length, markdown tables:
   2. the same layout for fidelity: ROUGE-L F1 of each output against the full cache's;
   3. the full cache per task, marking the tasks where it is near the floor (< --floor);
   4. per ratio, the --top methods closest to the full cache by fidelity, with the paired
-     difference of the task average to the full cache (mean +- SE over the same samples).
+     difference of the task average to the full cache (mean +- SE over the same samples);
+  5. with --compare A:B, per ratio, the paired difference A − B of the task average of the score
+     (e.g. chelsea:snapkv for a paper's claim), and how many SEs it is.
 Standard errors: each task's sample variance over its samples (sd / sqrt(n)); the average over T
 tasks has SE sqrt(sum_t var_t / n_t) / T, and a paired difference the same over per-sample
 differences. A merged run's result.json also holds kvlab's own table of per-task scores
@@ -131,9 +133,15 @@ def main():
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--floor", type=float, default=20.0, help="a task where the full cache scores below this is near the floor")
     ap.add_argument("--top", type=int, default=3, help="methods listed as closest to the full cache, per ratio")
+    ap.add_argument("--compare", default="", help="comma-separated method pairs A:B: paired A − B per ratio")
     args = ap.parse_args()
     records, protocol = load(args.runs)
     lengths = sorted({l for (_, _, l) in records})
+    known = ["exact"] + sorted({split_branch(b)[0] for (b, _, _) in records} - {"exact"})
+    pairs = [p.split(":") for p in args.compare.split(",") if p]
+    for pair in pairs:
+        if len(pair) != 2 or any(m not in known for m in pair):
+            sys.exit(f"ruler_table: --compare {':'.join(pair)}: expected A:B, two of {known}")
     for length in lengths:
         branches = sorted({b for (b, _, l) in records if l == length})
         if "exact" not in branches:
@@ -187,6 +195,18 @@ def main():
                 parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {d / se if se else float('inf'):.1f} SE)")
             print(f"- {compression_label(k)}: " + "; ".join(parts))
         print()
+        if pairs:
+            print(f"Paired differences of the task average (string_match_all x 100), A − B over the same samples\n")
+            print("| A − B | " + " | ".join(cols) + " |")
+            print("|---|" + "---|" * len(cols))
+            for a, b in pairs:
+                cells = []
+                for k in kepts:
+                    ba, bb = (m if m == "exact" else branch(m, k) for m in (a, b))
+                    d, se = task_average(paired(records, ba, bb, length, tasks))
+                    cells.append(f"{fmt(d, se)} ({d / se if se else float('inf'):.1f} SE)")
+                print(f"| {a} − {b} | " + " | ".join(cells) + " |")
+            print()
 
 
 if __name__ == "__main__":

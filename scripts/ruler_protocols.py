@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""RULER under the two protocols, paired: whole − context per method and compression ratio.
+
+  scripts/ruler_protocols.py --context RUN [RUN ...] --whole RUN [RUN ...]
+
+The runs of each side are read (and pooled, and checked) as scripts/ruler_table.py does: e.g. step 1
+of configs/paper/ruler.json (`--protocol context`) against step 3 (`--protocol whole`), both over
+the same seeded samples. The two sides must hold the same samples: the full cache (exact) does not
+depend on the protocol, so its output must be identical, sample by sample, on both sides, or this
+refuses (naming the file and sample). Only the samples both sides hold enter a cell.
+
+Prints, per length, one markdown table in the leaderboard's layout (methods x fraction removed):
+the task average of the per-sample difference of string_match_all x 100, whole − context, with its
+SE (each task's sd / sqrt(n) of the differences, combined over tasks as in ruler_table.py), and
+the same for fidelity (ROUGE-L F1 to the full cache). Positive: the method scores higher when the
+question is inside the prompt it compresses.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+
+from ruler_table import TASKS, compression_label, fmt, load, split_branch, split_dataset, task_average
+
+
+def exact_outputs(runs):
+    """{(task, length, id): (output, path)} of the exact branch over the runs' pred/ folders."""
+    out = {}
+    for run in runs:
+        for path in sorted(glob.glob(os.path.join(run, "pred", "exact", "*.jsonl"))):
+            task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
+            if task not in TASKS:
+                continue
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        r = json.loads(line)
+                        out[(task, length, r["id"])] = (r["output"], path)
+    return out
+
+
+def check_same_samples(context_runs, whole_runs):
+    """The full cache's outputs must agree on every sample both sides hold; returns how many."""
+    a, b = exact_outputs(context_runs), exact_outputs(whole_runs)
+    shared = sorted(set(a) & set(b))
+    for key in shared:
+        if a[key][0] != b[key][0]:
+            sys.exit(f"ruler_protocols: the full cache's output of {key[0]}_{key[1]} sample {key[2]} differs: "
+                     f"{a[key][1]} has {a[key][0]!r}, {b[key][1]} {b[key][0]!r}: not the same samples or model")
+    return len(shared)
+
+
+def paired_protocols(ctx, whole, branch, length, tasks, which):
+    """{task: [whole − context of metric `which` (0 score, 1 fidelity) per shared sample]}."""
+    out = {}
+    for t in tasks:
+        rc, rw = ctx.get((branch, t, length), {}), whole.get((branch, t, length), {})
+        out[t] = [rw[i][which] - rc[i][which] for i in rw if i in rc]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", nargs="+", required=True, help="run folders of --protocol context")
+    ap.add_argument("--whole", nargs="+", required=True, help="run folders of --protocol whole, the same samples")
+    args = ap.parse_args()
+    ctx, p_ctx = load(args.context)
+    whole, p_whole = load(args.whole)
+    if (p_ctx, p_whole) != ("context", "whole"):
+        sys.exit(f"ruler_protocols: --context runs are protocol {p_ctx}, --whole runs {p_whole}")
+    n_shared = check_same_samples(args.context, args.whole)
+    print(f"The full cache's output is identical under both protocols on all {n_shared} samples both hold.\n")
+    lengths = sorted({l for (_, _, l) in whole} & {l for (_, _, l) in ctx})
+    for length in lengths:
+        branches = sorted({b for (b, _, l) in whole if l == length} & {b for (b, _, l) in ctx if l == length})
+        branches = [b for b in branches if b != "exact"]
+        # tasks where every branch has shared samples
+        tasks = [t for t in TASKS
+                 if all(paired_protocols(ctx, whole, b, length, [t], 0)[t] for b in branches)]
+        counts = sorted({len(paired_protocols(ctx, whole, b, length, [t], 0)[t]) for b in branches for t in tasks})
+        kepts = sorted({split_branch(b)[1] for b in branches}, reverse=True)
+        methods = sorted({split_branch(b)[0] for b in branches})
+        cols = [compression_label(k) for k in kepts]
+        for which, title, digits in ((0, "string_match_all x 100", 1), (1, "fidelity (ROUGE-L F1 to the full cache)", 3)):
+            cell = {b: task_average(paired_protocols(ctx, whole, b, length, tasks, which)) for b in branches}
+
+            def row_mean(m):
+                xs = [cell[f"{m}_ratio{k:g}"][0] for k in kepts if f"{m}_ratio{k:g}" in cell]
+                return sum(xs) / len(xs)
+
+            print(f"### {length} tokens: whole − context, {title}; {len(tasks)} tasks, "
+                  f"{'/'.join(map(str, counts))} paired samples per task\n")
+            print("| method | " + " | ".join(cols) + " | mean |")
+            print("|---|" + "---|" * (len(cols) + 1))
+            for m in sorted(methods, key=lambda m: -row_mean(m)):
+                cells = [fmt(*cell[f"{m}_ratio{k:g}"], digits=digits) if f"{m}_ratio{k:g}" in cell else ""
+                         for k in kepts]
+                print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
+            print()
+
+
+if __name__ == "__main__":
+    main()
