@@ -6,7 +6,9 @@
 RUN is a run folder (a merged run, or the shards of one: their records are pooled; every folder
 must come from the same config apart from --shard, or from steps over the same samples with
 different methods, e.g. a step of configs/paper/ruler.json and its _extra step: a sample both runs
-hold, the full cache's, must score the same in both). Reads RUN/pred/<branch>/<task>_<length>.jsonl
+hold, the full cache's, must score the same in both). RUN@LABEL renames the run's methods
+M -> M@LABEL (not exact), so a run of a method with other settings pools with the run of its
+default ones (step 11 of ruler.json with step 3: RUN@no_outliers gives chelsea@no_outliers). Reads RUN/pred/<branch>/<task>_<length>.jsonl
 (one line per sample: "score" in 0..1, "rougeL_vs_exact") and RUN/result.json (the protocol).
 Prints, per length, markdown tables:
   1. the leaderboard's layout: one row per method, one column per compression ratio (kvpress's
@@ -55,7 +57,8 @@ def load(runs):
     records = defaultdict(dict)
     protocol = None
     results = []
-    for run in runs:
+    for spec in runs:
+        run, label = split_label(spec)
         result = json.load(open(os.path.join(run, "result.json")))
         results.append((run, result))
         cfg = result.get("context", {}).get("config", {})
@@ -63,7 +66,7 @@ def load(runs):
             sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
         protocol = cfg.get("protocol")
         for path in sorted(glob.glob(os.path.join(run, "pred", "*", "*.jsonl"))):
-            branch = os.path.basename(os.path.dirname(path))
+            branch = relabel(os.path.basename(os.path.dirname(path)), label)
             task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
             if task not in TASKS:
                 continue  # kvpress's folders or anything else
@@ -80,20 +83,38 @@ def load(runs):
                         records[key][r["id"]] = value
     # A whole run's own table covers all its samples; a shard's covers only its own, so shards
     # pooled with their siblings are not checked one by one.
-    for run, result in results:
+    for spec, (run, result) in zip(runs, results):
         if len(runs) == 1 or "merged_from" in result.get("context", {}):
-            check_against_result(result, records, run)
+            check_against_result(result, records, run, split_label(spec)[1])
     return records, protocol
 
 
-def check_against_result(result, records, run):
+def split_label(spec):
+    """"DIR@LABEL" -> (DIR, LABEL); a plain folder -> (DIR, None)."""
+    run, at, label = spec.rpartition("@")
+    if not at or os.path.isdir(spec):
+        return spec, None
+    if not label or not os.path.isdir(run):
+        sys.exit(f"ruler_table: {spec}: expected a run folder or RUN@LABEL with RUN a folder")
+    return run, label
+
+
+def relabel(branch, label):
+    """snapkv_ratio0.5 -> snapkv@LABEL_ratio0.5 (exact, the shared reference, keeps its name)."""
+    if label is None or branch == "exact":
+        return branch
+    method, kept = split_branch(branch)
+    return f"{method}@{label}" + (f"_ratio{kept:g}" if kept is not None else "")
+
+
+def check_against_result(result, records, run, label=None):
     """kvlab's own per-task means (result.json "ruler", merged runs only) must equal ours."""
     if "ruler" not in result:
         return
     for row in result["ruler"]:
         for task in TASKS:
             if task in row:
-                got = records.get((row["branch"], task, row["length"]))
+                got = records.get((relabel(row["branch"], label), task, row["length"]))
                 ours = sum(s for s, _ in got.values()) / len(got) if got else float("nan")
                 if not math.isclose(ours, row[task], abs_tol=1e-9):
                     sys.exit(f"ruler_table: {run}: {row['branch']} {task}_{row['length']}: "

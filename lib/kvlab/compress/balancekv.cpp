@@ -51,8 +51,15 @@
 //     + 32 recent): kept by the harness around the region (--keep-first/--keep-last, or the paper
 //     preset's keep_first/keep_last = 32/32 below), inside the budget in end-to-end runs, not by
 //     this method.
-//   - The release's β (exp(... − β), 0 in every released run) is not a parameter; the LongBench
-//     press's needle-mask and query-shift variants are not implemented.
+//   - The release's β (exp(... − β), 0 in every released run) is not a parameter; its query-kernel
+//     variant (`balanced_walk(query=...)`, called by no released run) and its needle detection are
+//     not implemented. Needle detection (main branch, run_needle_in_haystack.py → src/llama_forward.py
+//     `manual_forward_llama_needle_detection`): layer 1's tokens whose raw keys have a negative mean
+//     inner product with their block, dilated by ±25 tokens, are kept exactly, their mask reused
+//     by every later layer; only the release's NIAH script turns it on. Its RULER runs (kvpress
+//     branch, 9eb325d: run.py + balancekv_press.py, kvpress's pipeline, i.e. `--protocol context`)
+//     call the walk without it, with sink 32, window 32, block 128, T = 2, temp 1, γ 4: this
+//     file's paper preset.
 //   - Randomness: ATen's CPU generator seeded with opt.seed, one at::rand call per round of shape
 //     [n_kv_heads·blocks, b] (the release draws [batch, heads, blocks, b] on CUDA): same shape of
 //     process, different random stream.
