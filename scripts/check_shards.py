@@ -28,8 +28,9 @@ def check(shard):
                 try:
                     got.append(json.loads(line)["id"])
                 except (ValueError, KeyError) as e:
-                    print(f"check_shards: {path}:{n}: not a prediction line ({e})", file=sys.stderr)
-                    return 1, 0
+                    print(f"check_shards: {path}:{n}: not a prediction line ({e}); {shard} not checked further",
+                          file=sys.stderr)
+                    return 1, None
         ids[dataset][branch] = got
     bad = 0
     done = 0
@@ -58,8 +59,10 @@ def main():
         if not os.path.isdir(os.path.join(shard, "pred")):
             sys.exit(f"check_shards: {shard}: no pred/ folder")
         status, done = check(shard)
-        worst, total = max(worst, status), total + done
-    print(f"{total} samples complete in {len(sys.argv) - 1} shard(s)")
+        worst = max(worst, status)
+        total = None if done is None or total is None else total + done
+    if total is not None:
+        print(f"{total} samples complete in {len(sys.argv) - 1} shard(s)")
     sys.exit(worst)
 
 

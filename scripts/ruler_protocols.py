@@ -12,8 +12,11 @@ refuses (naming the file and sample). Only the samples both sides hold enter a c
 Prints, per length, one markdown table in the leaderboard's layout (methods x fraction removed):
 the task average of the per-sample difference of string_match_all x 100, whole − context, with its
 SE (each task's sd / sqrt(n) of the differences, combined over tasks as in ruler_table.py), and
-the same for fidelity (ROUGE-L F1 to the full cache). Positive: the method scores higher when the
-question is inside the prompt it compresses.
+the same for fidelity (ROUGE-L F1 to the full cache). Positive: the method scores higher under
+`whole`. The protocols differ in more than whether the compression sees the question: under
+`whole` the question and answer prefix are compressed with the haystack (a method may evict part
+of them) and the first answer token comes from the exact prefill; under `context` they go through
+the compressed cache exactly. The difference is the protocol's, all of it.
 """
 import argparse
 import glob
@@ -21,20 +24,21 @@ import json
 import os
 import sys
 
-from ruler_table import TASKS, compression_label, fmt, load, split_branch, split_dataset, task_average
+from ruler_table import TASKS, compression_label, fmt, load, split_branch, split_dataset, split_label, task_average
 
 
 def exact_outputs(runs):
     """{(task, length, id): (output, path)} of the exact branch over the runs' pred/ folders."""
     out = {}
-    for run in runs:
+    for spec in runs:
+        run = split_label(spec)[0]
         for path in sorted(glob.glob(os.path.join(run, "pred", "exact", "*.jsonl"))):
             task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
             if task not in TASKS:
                 continue
             with open(path) as f:
                 for line in f:
-                    if line.strip():
+                    if line.endswith("\n") and line.strip():  # not a shard's half-written last line
                         r = json.loads(line)
                         out[(task, length, r["id"])] = (r["output"], path)
     return out
@@ -60,6 +64,10 @@ def paired_protocols(ctx, whole, branch, length, tasks, which):
     return out
 
 
+def signed(d, se, digits):
+    return f"{d:+.{digits}f} ± {se:.{digits}f}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", nargs="+", required=True, help="run folders of --protocol context")
@@ -70,11 +78,16 @@ def main():
     if (p_ctx, p_whole) != ("context", "whole"):
         sys.exit(f"ruler_protocols: --context runs are protocol {p_ctx}, --whole runs {p_whole}")
     n_shared = check_same_samples(args.context, args.whole)
+    if n_shared == 0:
+        sys.exit("ruler_protocols: the two sides share no sample of the full cache (exact): not runs over the same samples")
     print(f"The full cache's output is identical under both protocols on all {n_shared} samples both hold.\n")
     lengths = sorted({l for (_, _, l) in whole} & {l for (_, _, l) in ctx})
     for length in lengths:
         branches = sorted({b for (b, _, l) in whole if l == length} & {b for (b, _, l) in ctx if l == length})
         branches = [b for b in branches if b != "exact"]
+        if not branches:
+            sys.exit(f"ruler_protocols: at {length} tokens no compressed branch is on both sides "
+                     f"(a RUN@LABEL on one side only renames its methods)")
         # tasks where every branch has shared samples
         tasks = [t for t in TASKS
                  if all(paired_protocols(ctx, whole, b, length, [t], 0)[t] for b in branches)]
@@ -94,7 +107,7 @@ def main():
             print("| method | " + " | ".join(cols) + " | mean |")
             print("|---|" + "---|" * (len(cols) + 1))
             for m in sorted(methods, key=lambda m: -row_mean(m)):
-                cells = [fmt(*cell[f"{m}_ratio{k:g}"], digits=digits) if f"{m}_ratio{k:g}" in cell else ""
+                cells = [signed(*cell[f"{m}_ratio{k:g}"], digits) if f"{m}_ratio{k:g}" in cell else ""
                          for k in kepts]
                 print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
             print()

@@ -47,10 +47,17 @@ fi
 logs=${TMPDIR:-/tmp}
 worker() {
   for ((i = $1; i < n; i += workers)); do
-    # a complete shard is not run again: a resume that computes nothing would still rewrite its
-    # result.json as this binary's run (context.earlier_runs), blurring which binary made it
-    if python3 -c "import json, sys; sys.exit(not json.load(open(sys.argv[1])).get('complete'))" \
-         "results/$name/shards/shard$i/result.json" 2>/dev/null; then
+    # a complete shard of this very step and split is not run again: a resume that computes nothing
+    # would still rewrite its result.json as this binary's run (context.earlier_runs), blurring which
+    # binary made it. Another config or split goes to kvlab, which refuses it naming the difference.
+    if python3 - "results/$name/shards/shard$i" "$cfg" "$i/$n" 2>/dev/null <<'PY'
+import json, sys
+shard, cfg, split = sys.argv[1:]
+done, want = json.load(open(f"{shard}/config.json")), json.load(open(cfg))
+complete = json.load(open(f"{shard}/result.json")).get("complete")
+sys.exit(not (complete and done.get("shard") == split and all(done.get(k) == v for k, v in want.items())))
+PY
+    then
       echo "ruler_shards: shard $i/$n of step $step is complete (results/$name/shards/shard$i)"
       continue
     fi

@@ -72,6 +72,8 @@ def load(runs):
                 continue  # kvpress's folders or anything else
             with open(path) as f:
                 for line in f:
+                    if not line.endswith("\n"):
+                        break  # a shard in progress writing its last line
                     if line.strip():
                         r = json.loads(line)
                         key, value = (branch, task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
@@ -96,6 +98,8 @@ def split_label(spec):
         return spec, None
     if not label or not os.path.isdir(run):
         sys.exit(f"ruler_table: {spec}: expected a run folder or RUN@LABEL with RUN a folder")
+    if any(c in label for c in ":,/ "):
+        sys.exit(f"ruler_table: {spec}: a label may not hold ':', ',', '/' or spaces (--compare names it)")
     return run, label
 
 
@@ -125,6 +129,8 @@ def task_average(per_task):
     """per_task: {task: [values]} -> (average over tasks, its SE: sqrt(sum of the tasks' SE^2) / T)."""
     stats = [mean_se(xs) for xs in per_task.values() if xs]
     T = len(stats)
+    if T == 0:
+        return float("nan"), float("nan")
     return sum(m for m, _ in stats) / T, math.sqrt(sum(se * se for _, se in stats)) / T
 
 
@@ -143,6 +149,15 @@ def paired(records, a, b, length, tasks):
 
 def fmt(avg, se, digits=1):
     return f"{avg:.{digits}f} ± {se:.{digits}f}"
+
+
+def in_se(d, se):
+    """How many SEs d is ("—" when both are 0: identical samples)."""
+    if se != se:
+        return "SE n/a"  # one sample per task
+    if se > 0:
+        return f"{d / se:.1f} SE"
+    return "—" if d == 0 else "inf SE"
 
 
 def compression_label(kept):
@@ -213,7 +228,7 @@ def main():
             parts = []
             for b in ranked[: args.top]:
                 d, se = task_average(paired(records, "exact", b, length, tasks))
-                parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {d / se if se else float('inf'):.1f} SE)")
+                parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {in_se(d, se)})")
             print(f"- {compression_label(k)}: " + "; ".join(parts))
         print()
         if pairs:
@@ -224,8 +239,11 @@ def main():
                 cells = []
                 for k in kepts:
                     ba, bb = (m if m == "exact" else branch(m, k) for m in (a, b))
+                    if ba not in score or bb not in score:
+                        cells.append("")  # a method not run at this ratio or length
+                        continue
                     d, se = task_average(paired(records, ba, bb, length, tasks))
-                    cells.append(f"{fmt(d, se)} ({d / se if se else float('inf'):.1f} SE)")
+                    cells.append(f"{fmt(d, se)} ({in_se(d, se)})")
                 print(f"| {a} − {b} | " + " | ".join(cells) + " |")
             print()
 
