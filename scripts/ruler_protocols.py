@@ -19,29 +19,15 @@ of them) and the first answer token comes from the exact prefill; under `context
 the compressed cache exactly. The difference is the protocol's, all of it.
 """
 import argparse
-import glob
-import json
-import os
 import sys
 
-from ruler_table import TASKS, compression_label, fmt, load, split_branch, split_dataset, split_label, task_average
+from ruler_table import TASKS, branch_name, compression_label, load, prediction_lines, split_branch, split_label, task_average
 
 
 def exact_outputs(runs):
     """{(task, length, id): (output, path)} of the exact branch over the runs' pred/ folders."""
-    out = {}
-    for spec in runs:
-        run = split_label(spec)[0]
-        for path in sorted(glob.glob(os.path.join(run, "pred", "exact", "*.jsonl"))):
-            task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
-            if task not in TASKS:
-                continue
-            with open(path) as f:
-                for line in f:
-                    if line.endswith("\n") and line.strip():  # not a shard's half-written last line
-                        r = json.loads(line)
-                        out[(task, length, r["id"])] = (r["output"], path)
-    return out
+    return {(task, length, r["id"]): (r["output"], path)
+            for spec in runs for path, _, task, length, r in prediction_lines(split_label(spec)[0], "exact")}
 
 
 def check_same_samples(context_runs, whole_runs):
@@ -88,18 +74,18 @@ def main():
         if not branches:
             sys.exit(f"ruler_protocols: at {length} tokens no compressed branch is on both sides "
                      f"(a RUN@LABEL on one side only renames its methods)")
+        diffs = {which: {b: paired_protocols(ctx, whole, b, length, TASKS, which) for b in branches} for which in (0, 1)}
         # tasks where every branch has shared samples
-        tasks = [t for t in TASKS
-                 if all(paired_protocols(ctx, whole, b, length, [t], 0)[t] for b in branches)]
-        counts = sorted({len(paired_protocols(ctx, whole, b, length, [t], 0)[t]) for b in branches for t in tasks})
+        tasks = [t for t in TASKS if all(diffs[0][b][t] for b in branches)]
+        counts = sorted({len(diffs[0][b][t]) for b in branches for t in tasks})
         kepts = sorted({split_branch(b)[1] for b in branches}, reverse=True)
         methods = sorted({split_branch(b)[0] for b in branches})
         cols = [compression_label(k) for k in kepts]
         for which, title, digits in ((0, "string_match_all x 100", 1), (1, "fidelity (ROUGE-L F1 to the full cache)", 3)):
-            cell = {b: task_average(paired_protocols(ctx, whole, b, length, tasks, which)) for b in branches}
+            cell = {b: task_average({t: diffs[which][b][t] for t in tasks}) for b in branches}
 
             def row_mean(m):
-                xs = [cell[f"{m}_ratio{k:g}"][0] for k in kepts if f"{m}_ratio{k:g}" in cell]
+                xs = [cell[branch_name(m, k)][0] for k in kepts if branch_name(m, k) in cell]
                 return sum(xs) / len(xs)
 
             print(f"### {length} tokens: whole − context, {title}; {len(tasks)} tasks, "
@@ -107,8 +93,7 @@ def main():
             print("| method | " + " | ".join(cols) + " | mean |")
             print("|---|" + "---|" * (len(cols) + 1))
             for m in sorted(methods, key=lambda m: -row_mean(m)):
-                cells = [signed(*cell[f"{m}_ratio{k:g}"], digits) if f"{m}_ratio{k:g}" in cell else ""
-                         for k in kepts]
+                cells = [signed(*cell[branch_name(m, k)], digits) if branch_name(m, k) in cell else "" for k in kepts]
                 print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
             print()
 

@@ -44,12 +44,32 @@ def split_dataset(name):
     return task, int(length)
 
 
+def branch_name(method, kept):
+    """The branch folder of a method at kept fraction `kept` (None: the method's only branch)."""
+    return method if kept is None else f"{method}_ratio{kept:g}"
+
+
 def split_branch(branch):
     """("snapkv", 0.5) for snapkv_ratio0.5; ("exact", None) for the full cache."""
     if "_ratio" not in branch:
         return branch, None
     method, _, kept = branch.rpartition("_ratio")
     return method, float(kept)
+
+
+def prediction_lines(run, branch="*"):
+    """(path, branch folder, task, length, line as a dict) for every complete line of a RULER task
+    file in run/pred/<branch>/ (other tasks' files, e.g. kvpress's, are skipped)."""
+    for path in sorted(glob.glob(os.path.join(run, "pred", branch, "*.jsonl"))):
+        task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
+        if task not in TASKS:
+            continue
+        with open(path) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # a shard in progress writing its last line
+                if line.strip():
+                    yield path, os.path.basename(os.path.dirname(path)), task, length, json.loads(line)
 
 
 def load(runs):
@@ -60,34 +80,24 @@ def load(runs):
     for spec in runs:
         run, label = split_label(spec)
         result = json.load(open(os.path.join(run, "result.json")))
-        results.append((run, result))
+        results.append((run, label, result))
         cfg = result.get("context", {}).get("config", {})
         if protocol not in (None, cfg.get("protocol")):
             sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
         protocol = cfg.get("protocol")
-        for path in sorted(glob.glob(os.path.join(run, "pred", "*", "*.jsonl"))):
-            branch = relabel(os.path.basename(os.path.dirname(path)), label)
-            task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
-            if task not in TASKS:
-                continue  # kvpress's folders or anything else
-            with open(path) as f:
-                for line in f:
-                    if not line.endswith("\n"):
-                        break  # a shard in progress writing its last line
-                    if line.strip():
-                        r = json.loads(line)
-                        key, value = (branch, task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
-                        # runs pooled over the same samples (a step and its _extra step) share exact
-                        if records[key].get(r["id"], value) != value:
-                            sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
-                                     f"{records[key][r['id']]}: only runs over the same samples, whose shared branches have the same "
-                                     f"settings, can be pooled")
-                        records[key][r["id"]] = value
+        for path, branch, task, length, r in prediction_lines(run):
+            key, value = (relabel(branch, label), task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
+            # runs pooled over the same samples (a step and its _extra step) share exact
+            if records[key].get(r["id"], value) != value:
+                sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
+                         f"{records[key][r['id']]}: only runs over the same samples, whose shared branches have the same "
+                         f"settings, can be pooled")
+            records[key][r["id"]] = value
     # A whole run's own table covers all its samples; a shard's covers only its own, so shards
     # pooled with their siblings are not checked one by one.
-    for spec, (run, result) in zip(runs, results):
+    for run, label, result in results:
         if len(runs) == 1 or "merged_from" in result.get("context", {}):
-            check_against_result(result, records, run, split_label(spec)[1])
+            check_against_result(result, records, run, label)
     return records, protocol
 
 
@@ -108,7 +118,7 @@ def relabel(branch, label):
     if label is None or branch == "exact":
         return branch
     method, kept = split_branch(branch)
-    return f"{method}@{label}" + (f"_ratio{kept:g}" if kept is not None else "")
+    return branch_name(f"{method}@{label}", kept)
 
 
 def check_against_result(result, records, run, label=None):
@@ -198,21 +208,18 @@ def main():
         print("|---|" + "---|" * (len(cols) + 1))
         print(f"| exact (full cache) | " + " | ".join(fmt(*score["exact"]) for _ in cols) + f" | {score['exact'][0]:.1f} |")
 
-        def branch(m, k):
-            return f"{m}_ratio{k:g}"
-
         def row_mean(table, m):
-            xs = [table[branch(m, k)][0] for k in kepts if branch(m, k) in table]
+            xs = [table[branch_name(m, k)][0] for k in kepts if branch_name(m, k) in table]
             return sum(xs) / len(xs)
 
         for m in sorted(methods, key=lambda m: -row_mean(score, m)):
-            cells = [fmt(*score[branch(m, k)]) if branch(m, k) in score else "" for k in kepts]
+            cells = [fmt(*score[branch_name(m, k)]) if branch_name(m, k) in score else "" for k in kepts]
             print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(score, m):.1f} |")
         print("\nFidelity: ROUGE-L F1 of the output against the full cache's, average over tasks (± SE)\n")
         print("| method | " + " | ".join(cols) + " | mean |")
         print("|---|" + "---|" * (len(cols) + 1))
         for m in sorted(methods, key=lambda m: -row_mean(fid, m)):
-            cells = [fmt(*fid[branch(m, k)], digits=3) if branch(m, k) in fid else "" for k in kepts]
+            cells = [fmt(*fid[branch_name(m, k)], digits=3) if branch_name(m, k) in fid else "" for k in kepts]
             print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(fid, m):.3f} |")
         print("\nThe full cache per task (string_match_all x 100 ± SE)\n")
         print("| task | exact | |")
@@ -238,7 +245,7 @@ def main():
             for a, b in pairs:
                 cells = []
                 for k in kepts:
-                    ba, bb = (m if m == "exact" else branch(m, k) for m in (a, b))
+                    ba, bb = (m if m == "exact" else branch_name(m, k) for m in (a, b))
                     if ba not in score or bb not in score:
                         cells.append("")  # a method not run at this ratio or length
                         continue
