@@ -47,9 +47,9 @@ fi
 logs=${TMPDIR:-/tmp}
 worker() {
   for ((i = $1; i < n; i += workers)); do
-    # a complete shard of this very step and split is not run again: a resume that computes nothing
-    # would still rewrite its result.json as this binary's run (context.earlier_runs), blurring which
-    # binary made it. Another config or split goes to kvlab, which refuses it naming the difference.
+    # a complete shard of this very step and split is not run again (kvlab would load the model only
+    # to leave it as it is). Another config or split goes to kvlab, which refuses it naming the
+    # difference.
     if python3 - "results/$name/shards/shard$i" "$cfg" "$i/$n" 2>/dev/null <<'PY'
 import json, sys
 shard, cfg, split = sys.argv[1:]

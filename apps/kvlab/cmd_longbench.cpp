@@ -87,7 +87,8 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   KVLAB_CHECK(tm->context <= 0 || o.max_length <= tm->context, "--max-length {} exceeds {}'s context of {} tokens",
               o.max_length, tm->model.id, tm->context);
 
-  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective);
+  const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t di = 0; di < data.size(); ++di) {
     const std::string& d = sel.datasets[di];
@@ -115,13 +116,13 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
                   max_length, data[di].path, rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
       records.push_back(std::move(r));
     }
-    run_task_dataset(c, *tm, run, ctx, longbench_task(d), records, branches, rows, false);
+    run_task_dataset(c, *tm, tr, longbench_task(d), records, branches, rows, false);
   }
   // The task table, scored by eval.py's rules from the prediction files.
   std::vector<std::pair<std::string, json>> scored;
   for (const auto& b : branches) scored.push_back({b.label, longbench_eval_folder(run.file("pred/" + b.label), sel.e)});
   const json table = longbench_score_table(scored, sel.datasets, sel.e);
-  run.write_result(ctx, rows, {{"complete", true}, {"longbench", table}, {"longbench_e", sel.e}});
+  tr.write(rows, {{"complete", true}, {"longbench", table}, {"longbench_e", sel.e}});
   std::cout << task_table_header(c) << "LongBench scores (eval.py's metrics, x100)\n"
             << render_table(table, longbench_table_columns(sel.datasets, sel.e)) << "\n"
             << "Fidelity to the full cache\n"

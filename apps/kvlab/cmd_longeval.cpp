@@ -63,7 +63,8 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
 
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
-  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective);
+  const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t fi = 0; fi < files.size(); ++fi) {
     std::vector<TaskRecord> records;
@@ -81,7 +82,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
       r.gold = lc.gold;
       records.push_back(std::move(r));
     }
-    run_task_dataset(c, *tm, run, ctx, TaskSpec{files[fi].first, longeval_score}, records, branches, rows,
+    run_task_dataset(c, *tm, tr, TaskSpec{files[fi].first, longeval_score}, records, branches, rows,
                      fi + 1 == files.size());
   }
   std::cout << task_table_header(c) << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",

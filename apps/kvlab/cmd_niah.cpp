@@ -109,9 +109,10 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       records.push_back(std::move(r));
     }
 
-  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective);
+  const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
-  run_task_dataset(c, *tm, run, ctx, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
+  run_task_dataset(c, *tm, tr, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
   std::vector<NiahPanel> panels;
   for (const auto& row : rows) panels.push_back({row["branch"].get<std::string>(), row["record_scores"]});
   write_text_atomic(run.file("heatmap.svg"),

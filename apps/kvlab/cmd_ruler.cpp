@@ -86,7 +86,8 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   };
   count.text = [&](const std::string& text) { return int64_t(tm->tok.encode(text, /*add_bos=*/false).size()); };
 
-  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective);
+  const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t li = 0; li < o.lengths.size(); ++li)
     for (size_t ti = 0; ti < tasks.size(); ++ti) {
@@ -114,16 +115,16 @@ void run_ruler(const RulerOptions& o, const json& effective) {
         fmt::print(stderr, "[ruler] {}: {} samples\n", dataset, samples.size());
         continue;
       }
-      run_task_dataset(c, *tm, run, ctx, TaskSpec{dataset, ruler_score}, records, branches, rows,
+      run_task_dataset(c, *tm, tr, TaskSpec{dataset, ruler_score}, records, branches, rows,
                        li + 1 == o.lengths.size() && ti + 1 == tasks.size());
     }
   if (o.data_only) {
-    run.write_result(ctx, rows, {{"complete", true}, {"data_only", true}});
+    tr.write(rows, {{"complete", true}, {"data_only", true}});
     fmt::print(stderr, "[ruler] wrote the samples to {}\n", run.file("data/"));
     return;
   }
   const json table = ruler_score_table(rows);
-  run.write_result(ctx, rows, {{"complete", true}, {"ruler", table}});
+  tr.write(rows, {{"complete", true}, {"ruler", table}});
   std::cout << task_table_header(c) << "RULER (string_match_all x 100)\n"
             << render_table(table, ruler_table_columns(table)) << "\nFidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",

@@ -63,9 +63,10 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
     records.push_back(std::move(r));
   }
-  const auto [run, ctx] = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective);
+  const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
-  run_task_dataset(c, *tm, run, ctx, summarize_task(o.stemmer, dataset), records, branches, rows, /*last=*/true);
+  run_task_dataset(c, *tm, tr, summarize_task(o.stemmer, dataset), records, branches, rows, /*last=*/true);
   std::cout << task_table_header(c) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
             << render_table(rows, {"branch", "n", "rouge1", "rouge2", "rougeL", "same_as_exact", "rougeL_vs_exact",
                                    "entries_start", "entries_peak", "mem", "seconds_per_record"});

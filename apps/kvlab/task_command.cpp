@@ -119,6 +119,13 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
     const nlohmann::json runs = earlier_runs(prev.value("context", nlohmann::json::object()), tr.ctx);
     if (!runs.empty()) tr.ctx["earlier_runs"] = runs;
     if (!o.overwrite) prev_rows = prev.value("rows", prev_rows);
+    // A complete run (same config: open_run_dir refused another) resumed: every prediction is there
+    // unless its input or model changed. It stays named by the binaries that made it until this one
+    // decodes a record; before, a resume that did nothing rewrote it as this binary's run.
+    if (!o.overwrite && prev.value("complete", false) && prev.contains("context")) {
+      tr.kept_ctx = prev["context"];
+      return tr;
+    }
   }
   tr.run.write_result(tr.ctx, prev_rows, {{"complete", false}});
   return tr;
@@ -131,12 +138,11 @@ std::string task_table_header(const TaskCommonOptions& o) {
                      o.preset, parse_task_protocol(o.protocol, o.decode_rule).line());
 }
 
-nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,
-                                const nlohmann::json& ctx, const TaskSpec& task,
+nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, TaskRun& tr, const TaskSpec& task,
                                 const std::vector<TaskRecord>& records,
                                 const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last) {
   TaskOptions to;
-  to.pred_dir = run.file("pred");
+  to.pred_dir = tr.run.file("pred");
   to.seed = static_cast<uint64_t>(o.seed);
   to.obs_queries = o.obs_queries;
   to.keep_first = o.keep_first;
@@ -145,7 +151,7 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.protocol = parse_task_protocol(o.protocol, o.decode_rule);
   to.reconstruction_templated = reconstruction_prompt(tm.tok, resolve_model_chat_template(o.chat_template, tm.src, tm.tok));
   to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
-  if (o.kept_out) to.kept_dir = run.file("kept");
+  if (o.kept_out) to.kept_dir = tr.run.file("kept");
   const auto [shard_i, shard_n] = parse_shard(o.shard);
   std::vector<TaskRecord> mine;
   for (size_t k = 0; k < records.size(); ++k)
@@ -153,11 +159,12 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note, bool resumed) {
     resumed ? progress.skip(1, note) : progress.advance(1, note);
+    if (!resumed) tr.computed = true;
   };
   nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
   for (auto& row : got) rows.push_back(row);
   progress.finish();
-  run.write_result(ctx, rows, {{"complete", last}});
+  if (last || !tr.kept_ctx || tr.computed) tr.write(rows, {{"complete", last}});
   return got;
 }
 

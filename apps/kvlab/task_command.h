@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,16 @@ std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o);
 struct TaskRun {
   RunDir run;
   nlohmann::json ctx;
+  // A complete run resumed with nothing left to do keeps the context of the binaries that made it:
+  // `kept_ctx` (the previous result.json's) is what this run writes until it computes a record.
+  std::optional<nlohmann::json> kept_ctx;
+  bool computed = false;  // a record decoded by this binary (not read back from pred/)
+
+  const nlohmann::json& context() const { return kept_ctx && !computed ? *kept_ctx : ctx; }
+  // result.json with `rows` and `extra` under context().
+  void write(const nlohmann::json& rows, const nlohmann::json& extra) const {
+    run.write_result(context(), rows, extra);
+  }
 };
 // The binaries that wrote a run before this one: the previous result.json's context `prev` (its
 // git_sha, git_dirty and date) appended to its own "earlier_runs", repeats of one (sha, dirty) pair
@@ -74,16 +85,18 @@ struct TaskRun {
 nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& now);
 
 // The run folder and its context (model, protocol, preset, earlier_runs); writes a result.json
-// with "complete": false (the rows of an earlier run kept unless --overwrite) before anything runs.
+// with "complete": false (the rows of an earlier run kept unless --overwrite) before anything runs,
+// except over a complete run (without --overwrite): that one is left as it is, and keeps its
+// context unless a record has to be decoded again (TaskRun::kept_ctx).
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
 
 // The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.
 std::string task_table_header(const TaskCommonOptions& o);
 
 // Runs one dataset's records through the branches with a progress line, then rewrites
-// result.json with every row so far (`complete` when this was the last dataset).
-nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, const RunDir& run,
-                                const nlohmann::json& ctx, const TaskSpec& task,
+// result.json with every row so far (`complete` when this was the last dataset; over a complete run
+// with nothing decoded yet, only the last dataset writes, under the kept context).
+nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, TaskRun& tr, const TaskSpec& task,
                                 const std::vector<TaskRecord>& records,
                                 const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last);
 

@@ -249,27 +249,36 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   CHECK(merged["ruler"] == res["ruler"]);
   CHECK(lines(dir + "/merged/data/fwe_512.jsonl") == data);
   CHECK(lines(dir + "/merged/pred/exact/fwe_512.jsonl").size() == 3);
-  // Resume: the same command over the same folder decodes nothing again.
+  // Resume: the same command over the same folder decodes nothing again, and leaves the complete
+  // run's result.json as it was, provenance included, even from another thread count. Before, it
+  // was rewritten as this invocation's run (its date, its threads; another binary's sha).
   std::string again;
-  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  std::string one_thread = base;
+  one_thread.replace(one_thread.find("--threads 2"), 11, "--threads 1");
+  REQUIRE(test::run_command(one_thread + " --out " + dir + "/run", &again) == 0);
   std::ifstream f2(dir + "/run/result.json");
   const auto resumed = nlohmann::json::parse(f2);
   CHECK(resumed["ruler"] == res["ruler"]);
-  // One binary wrote it all: nothing earlier, unless it is a dirty build (its sha does not say what
-  // code it ran, so each of its runs is named).
-  if (!resumed["context"]["git_dirty"].get<bool>())
-    CHECK(!resumed["context"].contains("earlier_runs"));
-  else
-    CHECK(resumed["context"]["earlier_runs"].size() == 1);
-  // Resumed by another binary (here: the run's git_sha changed by hand), the result.json says which
-  // binaries wrote before it. Before: the resuming binary's git_sha replaced theirs, and a shard
-  // computed over several commits claimed the last.
+  CHECK(resumed["context"] == res["context"]);
+  CHECK(resumed["complete"] == true);
+  CHECK(!resumed["context"].contains("earlier_runs"));
+  {  // ... also when another binary made it (its git_sha changed by hand)
+    auto doctored = resumed;
+    doctored["context"]["git_sha"] = std::string(40, '0');
+    std::ofstream(dir + "/run/result.json") << doctored.dump(1);
+    REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+    CHECK(nlohmann::json::parse(test::read_file(dir + "/run/result.json"))["context"] == doctored["context"]);
+  }
+  // An incomplete run of another binary (here: its git_sha changed by hand, then killed) finished by
+  // this one: the result.json says which binaries wrote before it. Before: the resuming binary's
+  // git_sha replaced theirs, and a shard computed over several commits claimed the last.
   {
     auto doctored = resumed;
     doctored["context"]["git_sha"] = std::string(40, '0');
     doctored["context"]["git_dirty"] = false;
     doctored["context"]["date"] = "2026-01-01T00:00:00Z";
     doctored["context"].erase("earlier_runs");
+    doctored["complete"] = false;
     std::ofstream(dir + "/run/result.json") << doctored.dump(1);
   }
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
@@ -280,18 +289,30 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
         nlohmann::json::parse(R"([{"git_sha": "0000000000000000000000000000000000000000", "git_dirty": false,)"
                               R"( "date": "2026-01-01T00:00:00Z"}])"));
   CHECK(ctx3["git_sha"] == resumed["context"]["git_sha"]);
-  // ... and keeps saying it on the next resume by the same binary (a clean one adds nothing; a
-  // dirty one, itself).
+  // ... and keeps saying it on the next resume, which finds the run complete and leaves it alone.
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
   std::ifstream f4(dir + "/run/result.json");
-  const auto runs4 = nlohmann::json::parse(f4)["context"]["earlier_runs"];
-  CHECK(runs4[0] == ctx3["earlier_runs"][0]);
-  CHECK(runs4.size() == (ctx3["git_dirty"].get<bool>() ? 2u : 1u));
+  CHECK(nlohmann::json::parse(f4)["context"] == ctx3);
+  // An interrupted run resumed by the binary that made it names nothing earlier, unless it is a
+  // dirty build (its sha does not say what code it ran, so each of its runs is named).
+  {
+    auto doctored = nlohmann::json::parse(test::read_file(dir + "/run/result.json"));
+    doctored["context"].erase("earlier_runs");
+    doctored["complete"] = false;
+    std::ofstream(dir + "/run/result.json") << doctored.dump(1);
+  }
+  REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+  const auto ctx4 = nlohmann::json::parse(test::read_file(dir + "/run/result.json"))["context"];
+  if (!ctx4["git_dirty"].get<bool>())
+    CHECK(!ctx4.contains("earlier_runs"));
+  else
+    CHECK(ctx4["earlier_runs"].size() == 1);
   // The same sha built from another tree (dirty vs clean) is another binary: named, not merged away.
   {
     auto doctored = nlohmann::json::parse(test::read_file(dir + "/run/result.json"));
     doctored["context"]["git_dirty"] = !doctored["context"]["git_dirty"].get<bool>();
     doctored["context"].erase("earlier_runs");
+    doctored["complete"] = false;
     std::ofstream(dir + "/run/result.json") << doctored.dump(1);
   }
   REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
