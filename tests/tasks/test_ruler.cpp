@@ -268,6 +268,23 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
     std::ofstream(dir + "/run/result.json") << doctored.dump(1);
     REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
     CHECK(nlohmann::json::parse(test::read_file(dir + "/run/result.json"))["context"] == doctored["context"]);
+    // ... but a record decoded again (a line of another model) makes it this binary's run, naming
+    // the one before.
+    const std::string pred = dir + "/run/pred/snapkv_ratio0.5/fwe_512.jsonl";
+    auto pl = lines(pred);
+    pl[0]["model_key"] = "0123456789abcdef";
+    {
+      std::ofstream o(pred, std::ios::trunc);
+      for (const auto& l : pl) o << l.dump() << "\n";
+    }
+    REQUIRE(test::run_command(base + " --out " + dir + "/run", &again) == 0);
+    CHECK(again.find("running them again") != std::string::npos);
+    const auto redone = nlohmann::json::parse(test::read_file(dir + "/run/result.json"));
+    CHECK(redone["complete"] == true);
+    CHECK(redone["context"]["git_sha"] == res["context"]["git_sha"]);
+    REQUIRE(redone["context"].contains("earlier_runs"));
+    CHECK(redone["context"]["earlier_runs"][0]["git_sha"] == std::string(40, '0'));
+    CHECK(redone["ruler"] == res["ruler"]);
   }
   // An incomplete run of another binary (here: its git_sha changed by hand, then killed) finished by
   // this one: the result.json says which binaries wrote before it. Before: the resuming binary's
