@@ -153,6 +153,31 @@ TEST_CASE("greedy k-center matches a naive loop (odd sizes, duplicates)") {
   CHECK(distinct.size() == 6);
 }
 
+TEST_CASE("greedy k-center: the vectorized loop gives the plain loop's result bit for bit") {
+  // Keys-like data (float32, d = 64, a few large coordinates, duplicated rows) and float64: the
+  // same centres, assignment and radii, exactly (not approximately: clustergen's outputs must not
+  // move when the fast loop replaced the plain one).
+  at::manual_seed(11);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    for (int64_t n : {1, 33, 1000}) {
+      auto x = at::randn({n, 64}, dtype);
+      x.select(1, 3).mul_(20);                                   // an outlier channel
+      if (n > 10) x.narrow(0, n - 5, 5).copy_(x.narrow(0, 0, 5));  // duplicates: ties
+      for (int64_t k : {int64_t(1), std::min<int64_t>(n, 37), std::min<int64_t>(n, 300), n}) {
+        for (int64_t first : {int64_t(0), n / 2}) {
+          INFO("dtype=", dtype, " n=", n, " k=", k, " first=", first);
+          const auto fast = greedy_kcenter(x, k, first);
+          const auto ref = greedy_kcenter_reference(x, k, first);
+          CHECK(at::equal(fast.centres, ref.centres));
+          CHECK(at::equal(fast.assignment, ref.assignment));
+          CHECK(at::equal(fast.radii, ref.radii));
+          CHECK(fast.radius == ref.radius);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("greedy k-center radius is within 2x of the brute-force optimum (Gonzalez)") {
   at::manual_seed(4);
   int tight = 0;

@@ -25,4 +25,8 @@ struct KCenterResult {
 // than the number of distinct points the extra centres are duplicates at distance 0.
 KCenterResult greedy_kcenter(const at::Tensor& points, int64_t k, int64_t first = 0);
 
+// The same result from the plain loop (one point at a time), kept as the reference greedy_kcenter's
+// vectorized loop is tested against (bit-identical centres, assignment and radii).
+KCenterResult greedy_kcenter_reference(const at::Tensor& points, int64_t k, int64_t first = 0);
+
 }  // namespace kvlab
