@@ -29,11 +29,11 @@ KCenterResult make_result(const std::vector<int64_t>& centres, const std::vector
   return out;
 }
 
-template <class T>
-KCenterResult kcenter_reference(const at::Tensor& pts, int64_t k, int64_t first) {
-  const int64_t n = pts.size(0), d = pts.size(1);
-  const T* x = pts.data_ptr<T>();                      // [n, d] contiguous
-  std::vector<T> dist2(n);                             // squared distance to the nearest centre
+// The farthest-first traversal, given the squared distances of every point to a centre:
+// `to_centre(c, dd)` fills dd[i] = |x_i - x_c|² for i = 0..n-1.
+template <class T, class ToCentre>
+KCenterResult traverse(int64_t n, int64_t k, int64_t first, ToCentre to_centre) {
+  std::vector<T> dist2(n), dd(n);  // squared distance to the nearest centre, to the new centre
   std::vector<int64_t> assign(n, 0);
   std::vector<char> chosen(n, 0);
   std::vector<int64_t> centres;
@@ -41,33 +41,20 @@ KCenterResult kcenter_reference(const at::Tensor& pts, int64_t k, int64_t first)
   centres.reserve(k);
   radii.reserve(k);
 
-  auto sqdist = [&](int64_t a, int64_t b) {
-    const T* pa = x + a * d;
-    const T* pb = x + b * d;
-    T s = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      T diff = pa[j] - pb[j];
-      s += diff * diff;
-    }
-    return s;
-  };
-
   int64_t c = first;
   for (int64_t j = 0; j < k; ++j) {
     centres.push_back(c);
     chosen[c] = 1;
+    to_centre(c, dd.data());
     // Update nearest-centre distances; strict < keeps ties on the earlier centre.
     T far = -1;
     int64_t far_i = -1;
     for (int64_t i = 0; i < n; ++i) {
       if (j == 0) {
-        dist2[i] = sqdist(i, c);
-      } else {
-        T dd = sqdist(i, c);
-        if (dd < dist2[i]) {
-          dist2[i] = dd;
-          assign[i] = j;
-        }
+        dist2[i] = dd[i];
+      } else if (dd[i] < dist2[i]) {
+        dist2[i] = dd[i];
+        assign[i] = j;
       }
       if (!chosen[i] && dist2[i] > far) {  // first index among equals: deterministic
         far = dist2[i];
@@ -78,59 +65,48 @@ KCenterResult kcenter_reference(const at::Tensor& pts, int64_t k, int64_t first)
     radii.push_back(far_i < 0 ? 0.0 : std::sqrt(static_cast<double>(far)));
     c = far_i;
   }
-
   return make_result(centres, assign, radii);
 }
 
-// The same traversal, distances to the new centre computed for every point at once from the
-// points transposed: dd[i] += (x[i][j] - c[j])² for j = 0..d-1, the reference's order per point.
+// The plain loop: one point at a time, its d coordinates summed in order.
+template <class T>
+KCenterResult kcenter_reference(const at::Tensor& pts, int64_t k, int64_t first) {
+  const int64_t n = pts.size(0), d = pts.size(1);
+  const T* x = pts.data_ptr<T>();  // [n, d] contiguous
+  return traverse<T>(n, k, first, [&](int64_t c, T* dd) {
+    const T* pc = x + c * d;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* pi = x + i * d;
+      T s = 0;
+      for (int64_t e = 0; e < d; ++e) {
+        const T diff = pi[e] - pc[e];
+        s += diff * diff;
+      }
+      dd[i] = s;
+    }
+  });
+}
+
+// Every point at once from the points transposed: dd[i] += (x[i][e] - c[e])² for e = 0..d-1,
+// the reference's order per point, one SIMD lane per point.
 template <class T>
 KCenterResult kcenter_lanes(const at::Tensor& pts, int64_t k, int64_t first) {
   const int64_t n = pts.size(0), d = pts.size(1);
-  const T* x = pts.data_ptr<T>();                      // [n, d] contiguous
-  const at::Tensor xt_tensor = pts.t().contiguous();   // [d, n]
+  const T* x = pts.data_ptr<T>();                     // [n, d] contiguous
+  const at::Tensor xt_tensor = pts.t().contiguous();  // [d, n]
   const T* xt = xt_tensor.data_ptr<T>();
-  std::vector<T> dist2(n), dd(n);                      // nearest-centre and new-centre squared distances
-  std::vector<int64_t> assign(n, 0);
-  std::vector<char> chosen(n, 0);
-  std::vector<int64_t> centres;
-  std::vector<double> radii;
-  centres.reserve(k);
-  radii.reserve(k);
-
-  int64_t c = first;
-  for (int64_t j = 0; j < k; ++j) {
-    centres.push_back(c);
-    chosen[c] = 1;
+  return traverse<T>(n, k, first, [&](int64_t c, T* __restrict dd) {
     const T* pc = x + c * d;
-    T* __restrict acc = dd.data();
-    std::fill(dd.begin(), dd.end(), T(0));
+    std::fill(dd, dd + n, T(0));
     for (int64_t e = 0; e < d; ++e) {
       const T* __restrict row = xt + e * n;
       const T ce = pc[e];
       for (int64_t i = 0; i < n; ++i) {
         const T diff = row[i] - ce;
-        acc[i] += diff * diff;
+        dd[i] += diff * diff;
       }
     }
-    T far = -1;
-    int64_t far_i = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      if (j == 0) {
-        dist2[i] = dd[i];
-      } else if (dd[i] < dist2[i]) {  // strict <: ties stay on the earlier centre
-        dist2[i] = dd[i];
-        assign[i] = j;
-      }
-      if (!chosen[i] && dist2[i] > far) {  // first index among equals
-        far = dist2[i];
-        far_i = i;
-      }
-    }
-    radii.push_back(far_i < 0 ? 0.0 : std::sqrt(static_cast<double>(far)));
-    c = far_i;
-  }
-  return make_result(centres, assign, radii);
+  });
 }
 
 template <class T>
