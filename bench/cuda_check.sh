@@ -76,7 +76,10 @@ for fa in sorted(glob.glob(f"{a}/pred/*/*.jsonl")):
         elif s["first_diff"] is None:
             s["first_diff"] = {"file": rel, "id": x["id"], "cpu": x["output"], "cuda": y["output"]}
     s["missing"] = len(la) - len(lb)
-bad = {k: v for k, v in res.items() if v["same"] != v["n"] or v["missing"]}
+if not res:
+    sys.exit(f"{name}: no predictions under {a}/pred")
+# a branch with no outputs compared (a run that timed out, or wrote nothing) is no parity
+bad = {k: v for k, v in res.items() if v["same"] != v["n"] or v["missing"] or not v["n"]}
 print(f"{name}: {len(res)} branches, {sum(v['n'] for v in res.values())} outputs; "
       f"{len(res) - len(bad)} branches identical on both devices")
 for k, v in bad.items():
@@ -86,18 +89,23 @@ sys.exit(1 if bad else 0)
 PY
 }
 
+# the same kvlab command on both devices, timed: OUT_0 on $dev_a, OUT_1 on $dev_b (+ .txt: what it printed)
+both_devices() {  # both_devices WHAT TIMEOUT OUT KVLAB_ARGS...
+  local what=$1 limit=$2 dir=$3 i=0 dev t0
+  shift 3
+  for dev in $dev_a $dev_b; do
+    t0=$(secs)
+    rm -rf "${dir}_$i"
+    timeout "$limit" $K --threads "$jobs" "$@" --device $dev --out "${dir}_$i" > "${dir}_$i.txt" ||
+      echo "$what on $dev: exit $?"
+    echo "$what on $dev ($jobs threads): $(awk "BEGIN { print $(secs) - $t0 }") s"
+    i=$((i + 1))
+  done
+}
+
 step "parity on stories260K (real weights): RULER at 512 tokens, every method, two ratios"
-common=(ruler --tasks niah_single_2,fwe --lengths 512 --samples 2 --method "$methods" --ratio 0.5,0.25 --preset default
-        --protocol whole --haystack-dir "$deps/niah/PaulGrahamEssays" --quiet)
-i=0
-for dev in $dev_a $dev_b; do
-  t0=$(secs)
-  rm -rf "/tmp/s260k_$i"
-  timeout 150 $K --threads "$jobs" "${common[@]}" --model stories260k --device $dev --out "/tmp/s260k_$i" > "/tmp/s260k_$i.txt" ||
-    echo "stories260K on $dev: exit $?"
-  echo "stories260K on $dev: $(awk "BEGIN { print $(secs) - $t0 }") s"
-  i=$((i + 1))
-done
+both_devices stories260K 150 /tmp/s260k ruler --model stories260k --tasks niah_single_2,fwe --lengths 512 --samples 2 \
+  --method "$methods" --ratio 0.5,0.25 --preset default --protocol whole --haystack-dir "$deps/niah/PaulGrahamEssays" --quiet
 PARITY="$out/parity.json" compare "stories260K, $dev_a vs $dev_b" /tmp/s260k_0 /tmp/s260k_1
 parity=$?
 
@@ -113,15 +121,7 @@ timeout 120 $K --threads "$jobs" "${r4k[@]}" --method "$methods" --ratio 0.75,0.
   --out /tmp/r4k_all > /tmp/r4k_all.txt || echo "4k, every branch, on $dev_b: exit $?"
 echo "4k sample, 85 branches, on $dev_b: $(awk "BEGIN { print $(secs) - $t0 }") s"
 # both devices on a smaller sample of branches: the time ratio, and the outputs
-i=0
-for dev in $dev_a $dev_b; do
-  t0=$(secs)
-  rm -rf "/tmp/r4k_$i"
-  timeout 100 $K --threads "$jobs" "${r4k[@]}" --method streaming_llm,snapkv,kvzip --ratio 0.25 --device $dev \
-    --out "/tmp/r4k_$i" > "/tmp/r4k_$i.txt" || echo "4k on $dev: exit $?"
-  echo "4k sample, 4 branches, on $dev ($jobs threads): $(awk "BEGIN { print $(secs) - $t0 }") s"
-  i=$((i + 1))
-done
+both_devices "4k sample, 4 branches," 100 /tmp/r4k "${r4k[@]}" --method streaming_llm,snapkv,kvzip --ratio 0.25
 PARITY="$out/parity_4k.json" compare "random 4k, $dev_a vs $dev_b (near-uniform logits: ties)" /tmp/r4k_0 /tmp/r4k_1
 echo "exit: stories260K parity $parity"
 exit $parity
