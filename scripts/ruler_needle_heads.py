@@ -22,21 +22,18 @@ import os
 import tokenizers
 
 
-def value_positions(tok, text, value, prefix):
-    """Prompt positions of the value's tokens: the first run of input tokens that decodes to it."""
-    ids = tok.encode(text, add_special_tokens=False).ids
-    pieces = [tok.decode([i]) for i in ids]
-    for j in range(len(pieces)):
-        if not pieces[j].strip():  # the value's own tokens, not the space before it
-            continue
-        acc = ""
-        for e in range(j, len(pieces)):
-            acc += pieces[e]
-            if acc.strip() == value:
-                return set(range(prefix + j, prefix + e + 1))
-            if not value.startswith(acc.strip()):
-                break
-    return None
+def span_positions(tok, text, value, prefix, span):
+    """Prompt positions of the tokens covering the value (span "value"), or the whole needle
+    sentence holding it, from the "One of the special magic ..." opening to its final "." (span
+    "sentence"), found by the tokenizer's character offsets; None if the value is not in the text."""
+    start = text.find(value)
+    if start < 0:
+        return None
+    end = start + len(value)
+    if span == "sentence":
+        start, end = text.rfind("One of the special", 0, start), text.find(".", end) + 1
+    enc = tok.encode(text, add_special_tokens=False)
+    return {prefix + i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start and text[a:b].strip()}
 
 
 def main():
@@ -47,6 +44,8 @@ def main():
     ap.add_argument("--tokenizer", default=os.path.join(os.environ.get("KVLAB_SHARED", "../shared"),
                                                          "tokenizers/smollm2/tokenizer.json"))
     ap.add_argument("--prefix", type=int, default=24)
+    ap.add_argument("--span", choices=["value", "sentence"], default="value",
+                    help="the tokens counted: the value's, or the whole needle sentence's")
     args = ap.parse_args()
     tok = tokenizers.Tokenizer.from_file(args.tokenizer)
     heads = {"failing": collections.Counter(), "rest": collections.Counter()}
@@ -60,7 +59,7 @@ def main():
             if len(d["outputs"]) != 1 or not os.path.exists(f"{args.run}/kept/{task}/{sid}.json"):
                 continue
             value = d["outputs"][0]
-            pos = value_positions(tok, d["input"], value, args.prefix)
+            pos = span_positions(tok, d["input"], value, args.prefix, args.span)
             if pos is None:
                 raise SystemExit(f"{task} sample {sid}: the value {value!r} is not a run of the input's tokens")
             kept = {br["branch"]: [[len(pos & set(h["positions"])) for h in layer["kv_heads"]] for layer in br["layers"]]
@@ -76,9 +75,9 @@ def main():
     print(f"{n_fail} samples {args.a} answers and {args.b} does not; {n_rest} others")
     for g, v in full.items():
         if v:
-            print(f"{g}: heads keeping every token of the value: {args.a} {sum(a for a, _ in v) / len(v):.1f}, "
+            print(f"{g}: heads keeping every token of the {args.span}: {args.a} {sum(a for a, _ in v) / len(v):.1f}, "
                   f"{args.b} {sum(b for _, b in v) / len(v):.1f} (mean over {len(v)} samples)")
-    print(f"heads where {args.b} keeps none of the value and {args.a} some (failing samples of {n_fail}, others of {n_rest}):")
+    print(f"heads where {args.b} keeps none of the {args.span} and {args.a} some (failing samples of {n_fail}, others of {n_rest}):")
     for (l, h), c in heads["failing"].most_common(8):
         print(f"  layer {l} KV head {h}: {c} failing, {heads['rest'][(l, h)]} others")
 
