@@ -25,13 +25,16 @@ import tokenizers
 def span_positions(tok, text, value, prefix, span):
     """Prompt positions of the tokens covering the value (span "value"), or the whole needle
     sentence holding it, from the "One of the special magic ..." opening to its final "." (span
-    "sentence"), found by the tokenizer's character offsets; None if the value is not in the text."""
+    "sentence"), found by the tokenizer's character offsets; None if the value (or its sentence) is
+    not in the text."""
     start = text.find(value)
     if start < 0:
         return None
     end = start + len(value)
     if span == "sentence":
         start, end = text.rfind("One of the special", 0, start), text.find(".", end) + 1
+        if start < 0 or end == 0:
+            return None
     enc = tok.encode(text, add_special_tokens=False)
     return {prefix + i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start and text[a:b].strip()}
 
@@ -61,7 +64,7 @@ def main():
             value = d["outputs"][0]
             pos = span_positions(tok, d["input"], value, args.prefix, args.span)
             if pos is None:
-                raise SystemExit(f"{task} sample {sid}: the value {value!r} is not a run of the input's tokens")
+                raise SystemExit(f"{task} sample {sid}: the value {value!r} (--span {args.span}) is not in its input")
             kept = {br["branch"]: [[len(pos & set(h["positions"])) for h in layer["kv_heads"]] for layer in br["layers"]]
                     for br in json.load(open(f"{args.run}/kept/{task}/{sid}.json"))["branches"]}
             group = "failing" if score[args.a][sid] > score[args.b][sid] else "rest"
