@@ -55,6 +55,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+from ruler_needle_heads import span_positions  # noqa: E402
 MODELS = os.environ.get("KVLAB_MODELS", os.path.join(REPO, "models"))
 TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens_to_generate (lib/kvlab/tasks/ruler.cpp)
 WINDOW, KERNEL = 32, 7  # kvlab's snapkv / adakv paper preset
@@ -155,17 +157,10 @@ class ProbePress:
 
 
 def needle_positions(tok, text, value, span):
-    """Token positions of `text` covering the value (span "value") or its needle sentence."""
-    start = text.find(value)
-    if start < 0:
-        return None
-    end = start + len(value)
-    if span == "sentence":
-        start, end = text.rfind("One of the special", 0, start), text.find(".", end) + 1
-        if start < 0 or end == 0:
-            return None
-    offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    return torch.tensor([i for i, (a, b) in enumerate(offsets) if a < end and b > start and text[a:b].strip()])
+    """Token positions of the prompt `text` covering the value (span "value") or its needle sentence
+    (scripts/ruler_needle_heads.py's span_positions on the tokenizer's backend), None if absent."""
+    pos = span_positions(tok.backend_tokenizer, text, value, 0, span)
+    return None if pos is None else torch.tensor(sorted(pos))
 
 
 def generate(model, ids, press, max_new, eos):
