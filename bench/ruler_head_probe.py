@@ -53,20 +53,14 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from kvpress.presses.base_press import BasePress  # noqa: E402  (importing kvpress patches attention: masked_key_indices)
+from kvpress.presses.snapkv_press import SnapKVPress  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ruler_kvpress import MODELS, REPO, TOKENS, read_lines  # noqa: E402  (bench/, this script's folder)
+
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 from ruler_needle_heads import span_positions  # noqa: E402
-MODELS = os.environ.get("KVLAB_MODELS", os.path.join(REPO, "models"))
-TOKENS = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens_to_generate (lib/kvlab/tasks/ruler.cpp)
 WINDOW, KERNEL = 32, 7  # kvlab's snapkv / adakv paper preset
-
-
-def read_lines(path):
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def read_json(path):
@@ -122,29 +116,19 @@ def kept_mask(scores, b, adaptive, alpha):
     return kept
 
 
-class ProbePress:
-    """A kvpress press (BasePress.compress) that keeps per head what kept_mask says, after the edits,
-    and masks the rest with kvpress's fake keys while decoding (its AdaKV mechanism)."""
+class ProbePress(BasePress):
+    """A kvpress press that keeps per head what kept_mask says, after the edits, and masks the rest
+    with kvpress's fake keys while decoding (its AdaKV mechanism)."""
 
-    def __init__(self, base, ratio, adaptive, alpha, edits):
-        from kvpress.presses.snapkv_press import SnapKVPress
-        self.window_attention = SnapKVPress.compute_window_attention
-        self.base, self.ratio, self.adaptive, self.alpha = base, ratio, adaptive, alpha
+    def __init__(self, ratio, adaptive, alpha, edits):
+        self.ratio, self.adaptive, self.alpha = ratio, adaptive, alpha
         self.edits = edits  # layer -> [(kv head, positions LongTensor, value)]
 
-    def make(self):
-        base, probe = self.base, self
-
-        class Press(base):
-            def compress(self, module, hidden_states, keys, values, attentions, kwargs):
-                return probe.compress(module, hidden_states, keys, values, kwargs)
-
-        return Press()
-
-    def compress(self, module, hidden_states, keys, values, kwargs):
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
         _, h_kv, n, _ = keys.shape  # keys [1, Hkv, n, d] post-RoPE
         g = module.config.num_attention_heads // h_kv
-        probs = self.window_attention(module, hidden_states, keys, WINDOW, kwargs["position_embeddings"])  # [1, Hq, w, n-w]
+        probs = SnapKVPress.compute_window_attention(module, hidden_states, keys, WINDOW,
+                                                     kwargs["position_embeddings"])  # [1, Hq, w, n-w]
         vote = probs.view(1, h_kv, g, WINDOW, n - WINDOW).mean(2).double().sum(2)  # [1, Hkv, n-w]
         vote = F.max_pool1d(vote, KERNEL, stride=1, padding=KERNEL // 2)           # [1, Hkv, n-w]
         scores = F.pad(vote, (0, WINDOW), value=math.inf)[0]                      # [Hkv, n]
@@ -203,8 +187,6 @@ def main():
         parse_condition(c)
     torch.set_num_threads(args.threads)
 
-    import kvpress  # noqa: F401  (patches attention: masked_key_indices)
-    from kvpress.presses.base_press import BasePress
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
@@ -264,9 +246,9 @@ def main():
                         sys.exit(f"{ds} sample {sid}: its value's {args.span} is not in the prompt")
                     for layer, head in heads:
                         edits.setdefault(layer, []).append((head, pos, math.inf if action == "keep" else -math.inf))
-                probe = ProbePress(BasePress, args.ratio, method == "adakv", args.alpha, edits)
+                press = ProbePress(args.ratio, method == "adakv", args.alpha, edits)
                 family = next(k for k in TOKENS if ds.startswith(k))
-                out_ids = generate(model, ids, lambda m: probe.make()(m), TOKENS[family], eos)
+                out_ids = generate(model, ids, press, TOKENS[family], eos)
                 output = tok.decode(out_ids, skip_special_tokens=True)
                 r = {"dataset": ds, "id": sid, "output": output, "score": score(output, s["outputs"]),
                      "prompt_tokens": ids.shape[1]}
