@@ -615,3 +615,49 @@ TEST_CASE("a capture whose chunks skip the checksum is refused before HDF5 infla
   }
   CHECK(refused == int(r.meta().layers.size()));
 }
+
+TEST_CASE("q/k/v in chunks smaller than a writer's are refused before HDF5 reads them (fuzz_short, CI)") {
+  // A capture of a few KB can declare millions of unwritten [1, 1, 1] chunks; HDF5 1.10 keeps a
+  // record of each chunk a read touches: one 16 MB layer read took 9 s and 0.7 GB under ASan.
+  auto dir = test::temp_dir("cap_chunks");
+  auto good = dir + "/good.h5";
+  write_synthetic_capture(good, small_spec());  // k, v [2, 127, 65] float32: 33,020 bytes a head
+  const at::Tensor k = CaptureReader(good).read_layer(1, 2).k;
+  auto rechunked = [&](const std::string& name, std::vector<hsize_t> chunk) {
+    return edited_copy(good, dir, name, [&](H5::H5File& f) {
+      f.unlink("/sample_0001/layer_02/k");
+      hsize_t dims[3] = {2, 127, 65};
+      H5::DSetCreatPropList pl;
+      pl.setChunk(3, chunk.data());
+      pl.setShuffle();
+      pl.setDeflate(1);
+      pl.setFletcher32();
+      f.createDataSet("/sample_0001/layer_02/k", H5::PredType::IEEE_F32LE, H5::DataSpace(3, dims), pl)
+          .write(k.data_ptr(), H5::PredType::NATIVE_FLOAT);
+    });
+  };
+  auto read_error = [](const std::string& p) -> std::string {
+    try {
+      (void)CaptureReader(p).read_layer(1, 2);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  SUBCASE("one value a chunk") {
+    const std::string e = read_error(rechunked("tiny", {1, 1, 1}));
+    INFO(e);
+    CHECK(e.find("'/sample_0001/layer_02/k'") != std::string::npos);
+    CHECK(e.find("chunks of shape [1, 1, 1] hold 4 bytes, fewer than 4096") != std::string::npos);
+  }
+  SUBCASE("one position a chunk") {
+    const std::string e = read_error(rechunked("row", {1, 1, 65}));
+    INFO(e);
+    CHECK(e.find("chunks of shape [1, 1, 65] hold 260 bytes, fewer than 4096") != std::string::npos);
+  }
+  SUBCASE("16 positions a chunk (4,160 bytes), not the writer's shape: read as written") {
+    const auto p = rechunked("sixteen", {1, 16, 65});
+    CHECK(read_error(p).empty());
+    CHECK(at::equal(CaptureReader(p).read_layer(1, 2).k, k));
+  }
+}

@@ -274,6 +274,16 @@ struct CaptureReader::Impl {
     }
     expect(cbytes >= 0, "chunks of shape {} exceed {} bytes", shape_str({chunk, chunk + crank}),
            Limits::max_chunk_bytes);
+    // HDF5 1.10 keeps a record of every chunk a read touches (H5D__chunk_io_init), and a file of a
+    // few KB can declare millions of unwritten ones: [1, 1, 1] chunks made one 16 MB layer read take
+    // 9 s and 0.7 GB under ASan. Chunks of at least min_chunk_bytes (or one head) bound the chunks
+    // of a read to 8 per min_chunk_bytes read (each chunk fits its dataset, so at most 2 per axis
+    // are partly outside it).
+    const int64_t all = nbytes < 0 ? std::numeric_limits<int64_t>::max() : nbytes;  // < 0: overflowed
+    const int64_t head = dims.size() == 3 && dims[0] > 0 ? all / int64_t(dims[0]) : all;
+    const int64_t least = std::min(Limits::min_chunk_bytes, head);
+    expect(cbytes >= least, "chunks of shape {} hold {} bytes, fewer than {} (a capture's chunks hold {} bytes "
+           "or one whole head)", shape_str({chunk, chunk + crank}), cbytes, least, Limits::min_chunk_bytes);
     for (int i = 0, n = pl.getNfilters(); i < n; ++i) {
       unsigned flags = 0, config = 0, cd[8] = {0};
       size_t ncd = 8;
