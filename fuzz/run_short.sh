@@ -3,6 +3,7 @@
 # and runs each for FUZZ_SECONDS (default 20) from the committed seed corpus tests/fixtures/fuzz_corpus/<name>/.
 # Usage: fuzz/run_short.sh [fuzzer names...]      (default: every fuzz_* target below)
 #        FUZZ_RUNS=1000000 fuzz/run_short.sh      (a fixed number of inputs per target instead)
+#        FUZZ_SEED=1 fuzz/run_short.sh            (a fixed random seed: the same inputs, in the same order, everywhere)
 # Exit status is non-zero if a fuzzer finds a crash, a sanitizer report or a non-kvlab exception;
 # the reproducer is written to build-fuzz/artifacts/<name>/. See fuzz/README.md for the long run.
 set -euo pipefail
@@ -11,6 +12,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${KVLAB_FUZZ_BUILD:-$repo/build-fuzz}"
 seconds="${FUZZ_SECONDS:-20}"
 runs="${FUZZ_RUNS:-}"  # set: run each target for this many inputs instead of FUZZ_SECONDS (the sanitizer label)
+seed="${FUZZ_SEED:-}"  # set: libFuzzer's -seed, so the inputs tried are the same sequence on every machine
 fuzzers=("$@")
 if [[ ${#fuzzers[@]} -eq 0 ]]; then
   mapfile -t fuzzers < <(sed -n 's/^kvlab_fuzzer(\(fuzz_[a-z0-9_]*\) .*/\1/p' "$repo/fuzz/CMakeLists.txt")
@@ -41,6 +43,7 @@ for f in "${fuzzers[@]}"; do
   [[ -f "$repo/fuzz/$f.dict" ]] && dict=(-dict="$repo/fuzz/$f.dict")
   budget=(-max_total_time="$seconds")
   [[ -n "$runs" ]] && budget=(-runs="$runs")
+  [[ -n "$seed" ]] && budget+=(-seed="$seed")
   echo "[fuzz] $f for ${runs:-${seconds}s}${runs:+ inputs}" >&2
   if ! "$build/$f" "$work" "$seeds" "${dict[@]}" "${budget[@]}" -max_len=65536 \
        -rss_limit_mb=4096 -artifact_prefix="$art" -print_final_stats=1 2>"$build/$f.log"; then
