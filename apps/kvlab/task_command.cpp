@@ -159,10 +159,13 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note, bool resumed) {
     resumed ? progress.skip(1, note) : progress.advance(1, note);
-    if (!resumed && !tr.computed) {
-      tr.computed = true;  // from now on this binary's run: say so, and that it is not complete yet
-      if (tr.kept_ctx) tr.write(rows, {{"complete", false}});
-    }
+  };
+  // Before a prediction file changes (not after the first record decoded: a kill in between left a
+  // complete result.json over files that had lost their stale lines).
+  to.before_change = [&] {
+    if (tr.computed) return;
+    tr.computed = true;  // from now on this binary's run: say so, and that it is not complete yet
+    if (tr.kept_ctx) tr.write(rows, {{"complete", false}});
   };
   nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
   for (auto& row : got) rows.push_back(row);

@@ -68,9 +68,9 @@ struct TaskRun {
   RunDir run;
   nlohmann::json ctx;
   // A complete run resumed with nothing left to do keeps the context of the binaries that made it:
-  // `kept_ctx` (the previous result.json's) is what this run writes until it computes a record.
+  // `kept_ctx` (the previous result.json's) is what this run writes until it changes a prediction file.
   std::optional<nlohmann::json> kept_ctx;
-  bool computed = false;  // a record decoded by this binary (not read back from pred/)
+  bool computed = false;  // this binary changed pred/ (a record to decode, a stale line dropped)
 
   const nlohmann::json& context() const { return kept_ctx && !computed ? *kept_ctx : ctx; }
   // result.json with `rows` and `extra` under context().

@@ -5,6 +5,7 @@
 #include <H5Cpp.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -887,6 +888,52 @@ TEST_CASE("cli: resume redoes predictions made from other settings or records; d
   check_one_error(run_kvlab("longbench --quiet --model " + model + " --data-dir " + dir + "/lb --datasets "
                             "passage_retrieval_zh --samples 2 --method h2o --ratio 0.5 --out " + dir + "/l"),
                   "records 1 and 2 have the same id");
+}
+
+TEST_CASE("cli: a complete task run resumed to redo a record says incomplete before any prediction file changes") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_redo_mark");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --method h2o --ratio 0.5 "
+                           "--max-new-tokens 4 --quiet --out " + dir + "/n";
+  auto r = run_kvlab(niah);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  const std::string exact = dir + "/n/pred/exact/niah.jsonl", h2o = dir + "/n/pred/h2o_ratio0.5/niah.jsonl";
+  // Both lines made by "another model": the resume redoes the record, dropping them first.
+  std::string stale;
+  for (const std::string& f : {exact, h2o}) {
+    std::vector<nlohmann::json> lines = read_json_lines(f);
+    REQUIRE(lines.size() == 1);
+    lines[0]["model_key"] = "0123456789abcdef";
+    std::ofstream(f, std::ios::trunc) << lines[0].dump() << "\n";
+    stale = lines[0].dump() + "\n";
+  }
+  // A kill while the files change, made deterministic: the h2o file becomes a FIFO, fed once for
+  // kvlab's read; kvlab then rewrites the exact file and blocks opening the FIFO for writing until
+  // it is killed. Before: result.json still said complete over an exact file without its line.
+  fs::remove(h2o);
+  REQUIRE(mkfifo(h2o.c_str(), 0644) == 0);
+  std::ofstream(dir + "/stale") << stale;
+  const std::string script = test::kvlab_bin() + " --threads 1 " + niah + " > " + dir + "/log 2>&1 & pid=$!; cat " +
+                             dir + "/stale > " + h2o + "; for i in $(seq 1 400); do [ -s " + exact +
+                             " ] || break; sleep 0.05; done; sleep 0.2; kill -KILL $pid; wait $pid; echo done";
+  std::string out;
+  test::run_command(script, &out);
+  INFO("script: " << out << "\nlog: " << test::read_file(dir + "/log"));
+  CHECK(read_json_lines(exact).empty());  // the stale line dropped
+  CHECK(read_json_file(dir + "/n/result.json")["complete"] == false);
+  // Resumed: the record is decoded again and the run is complete.
+  fs::remove(h2o);
+  std::ofstream(h2o) << stale;
+  r = run_kvlab(niah);
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(read_json_file(dir + "/n/result.json")["complete"] == true);
+  for (const std::string& f : {exact, h2o}) {
+    const auto lines = read_json_lines(f);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0]["model_key"] != "0123456789abcdef");
+  }
 }
 
 TEST_CASE("cli: merge checks task shards' prediction files against their result.json first; NIAH merges draw the heat map "

@@ -232,6 +232,15 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       fmt::print(stderr, "[resume] {}: {} predictions carry no input_key (made before kvlab checked them); reused "
                  "by id\n", files[i], unkeyed);
   }
+  // A record to decode in some branch (a cut line's record among them), or a line of an id not in
+  // `records` that the rewrite drops.
+  bool changes = false;
+  for (size_t i = 0; i < branches.size(); ++i) {
+    size_t kept = 0;
+    for (const auto& r : records) kept += done[i].count(r.id);
+    changes = changes || kept < records.size() || kept < done[i].size();
+  }
+  if (changes && opt.before_change) opt.before_change();
   // A cut last line is dropped from the file before appending (rewritten from the parsed lines).
   for (size_t i = 0; i < files.size(); ++i) {
     std::ofstream f(files[i], std::ios::trunc);

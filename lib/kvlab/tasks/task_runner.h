@@ -83,6 +83,10 @@ struct TaskOptions {
   ReconstructionPrompt reconstruction_templated, reconstruction_plain;
   // Called once per record; `resumed`: every branch had it from an earlier run.
   std::function<void(int64_t done, int64_t total, const std::string& note, bool resumed)> progress;
+  // Called once, before the first change to a prediction file (a line dropped: cut, made from
+  // another record or model, or of an id not in `records`; or a record to decode), and not at all
+  // when there is none: a caller that keeps a complete run's result.json marks it incomplete here.
+  std::function<void()> before_change;
 };
 
 // Marks every non-exact row whose entries_start (the entries right after compression: the budget
