@@ -72,4 +72,7 @@ for ((w = 0; w < workers; ++w)); do worker "$w" & pids+=($!); done
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
 [ "$failed" = 0 ] || { echo "ruler_shards: not merged (a shard failed)" >&2; exit 1; }
-"$kvlab" merge results/"$name"/shards/shard* --out "results/$name/$(date -u +%Y%m%d-%H%M%S)_$(git rev-parse --short=7 HEAD)"
+# named by the commit the binary was built from (KVLAB may be a copy made at another commit than
+# the checkout's), as its result.json says
+sha=$("$kvlab" --version | sed -n 's/^git \([0-9a-f]\{7\}\).*/\1/p')
+"$kvlab" merge results/"$name"/shards/shard* --out "results/$name/$(date -u +%Y%m%d-%H%M%S)_${sha:-unknown}"
