@@ -648,12 +648,18 @@ TEST_CASE("q/k/v in chunks smaller than a writer's are refused before HDF5 reads
     const std::string e = read_error(rechunked("tiny", {1, 1, 1}));
     INFO(e);
     CHECK(e.find("'/sample_0001/layer_02/k'") != std::string::npos);
-    CHECK(e.find("chunks of shape [1, 1, 1] hold 4 bytes, fewer than 4096") != std::string::npos);
+    CHECK(e.find("chunks of shape [1, 1, 1] hold 4 bytes of a head, fewer than 4096") != std::string::npos);
   }
   SUBCASE("one position a chunk") {
     const std::string e = read_error(rechunked("row", {1, 1, 65}));
     INFO(e);
-    CHECK(e.find("chunks of shape [1, 1, 65] hold 260 bytes, fewer than 4096") != std::string::npos);
+    CHECK(e.find("chunks of shape [1, 1, 65] hold 260 bytes of a head, fewer than 4096") != std::string::npos);
+  }
+  SUBCASE("both heads in a chunk of 8 positions: 4,160 bytes, 2,080 of each head") {
+    // A one-head read would touch as many chunks as [1, 8, 65] ones: the floor is per head.
+    const std::string e = read_error(rechunked("two_heads", {2, 8, 65}));
+    INFO(e);
+    CHECK(e.find("chunks of shape [2, 8, 65] hold 2080 bytes of a head, fewer than 4096") != std::string::npos);
   }
   SUBCASE("16 positions a chunk (4,160 bytes), not the writer's shape: read as written") {
     const auto p = rechunked("sixteen", {1, 16, 65});

@@ -40,8 +40,9 @@ struct CaptureLimits {
   static constexpr int64_t max_samples = int64_t(1) << 24;
   static constexpr int64_t max_string_bytes = int64_t(1) << 16;  // one string attribute
   static constexpr int64_t max_chunk_bytes = int64_t(1) << 28;   // one HDF5 chunk of q/k/v
-  // The least a chunk holds: this many bytes, or one head's whole [n, head_dim] (a rank-1 dataset:
-  // all of it) when that is less. The writers' [1, min(n, 4096), head_dim] chunks always do.
+  // The least the part of a chunk in one head holds: this many bytes, or the head's whole
+  // [n, head_dim] (a rank-1 dataset: all of it) when that is less. The writers' [1, min(n, 4096),
+  // head_dim] chunks always do.
   static constexpr int64_t min_chunk_bytes = int64_t(1) << 12;
 };
 

@@ -276,14 +276,17 @@ struct CaptureReader::Impl {
            Limits::max_chunk_bytes);
     // HDF5 1.10 keeps a record of every chunk a read touches (H5D__chunk_io_init), and a file of a
     // few KB can declare millions of unwritten ones: [1, 1, 1] chunks made one 16 MB layer read take
-    // 9 s and 0.7 GB under ASan. Chunks of at least min_chunk_bytes (or one head) bound the chunks
-    // of a read to 8 per min_chunk_bytes read (each chunk fits its dataset, so at most 2 per axis
-    // are partly outside it).
+    // 9 s and 0.7 GB under ASan. The part of a chunk in one head (a read may be of one head) holds
+    // at least min_chunk_bytes, or the whole head: a read then touches at most 8 chunks per
+    // min_chunk_bytes it reads (each chunk fits its dataset, so at most 2 per axis are partly outside).
     const int64_t all = nbytes < 0 ? std::numeric_limits<int64_t>::max() : nbytes;  // < 0: overflowed
-    const int64_t head = dims.size() == 3 && dims[0] > 0 ? all / int64_t(dims[0]) : all;
+    const bool heads = dims.size() == 3 && dims[0] > 0;  // [heads, n, head_dim]
+    const int64_t head = heads ? all / int64_t(dims[0]) : all;
     const int64_t least = std::min(Limits::min_chunk_bytes, head);
-    expect(cbytes >= least, "chunks of shape {} hold {} bytes, fewer than {} (a capture's chunks hold {} bytes "
-           "or one whole head)", shape_str({chunk, chunk + crank}), cbytes, least, Limits::min_chunk_bytes);
+    const int64_t in_head = heads ? cbytes / int64_t(chunk[0]) : cbytes;
+    expect(in_head >= least, "chunks of shape {} hold {} bytes of a head, fewer than {} (a capture's chunks hold {} "
+           "bytes of a head or the whole head)", shape_str({chunk, chunk + crank}), in_head, least,
+           Limits::min_chunk_bytes);
     for (int i = 0, n = pl.getNfilters(); i < n; ++i) {
       unsigned flags = 0, config = 0, cd[8] = {0};
       size_t ncd = 8;
