@@ -87,7 +87,8 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
 // The run folder and its context (model, protocol, preset, earlier_runs); writes a result.json
 // with "complete": false (the rows of an earlier run kept unless --overwrite) before anything runs,
 // except over a complete run (without --overwrite): that one is left as it is, and keeps its
-// context unless a record has to be decoded again (TaskRun::kept_ctx).
+// context unless a prediction file has to change (a record to decode again, a line to drop), when
+// it is marked incomplete before the change (TaskRun::kept_ctx, TaskOptions::before_change).
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
 
 // The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.

@@ -901,31 +901,29 @@ TEST_CASE("cli: a complete task run resumed to redo a record says incomplete bef
   REQUIRE_MESSAGE(r.code == 0, r.out);
   const std::string exact = dir + "/n/pred/exact/niah.jsonl", h2o = dir + "/n/pred/h2o_ratio0.5/niah.jsonl";
   // Both lines made by "another model": the resume redoes the record, dropping them first.
-  std::string stale;
   for (const std::string& f : {exact, h2o}) {
     std::vector<nlohmann::json> lines = read_json_lines(f);
     REQUIRE(lines.size() == 1);
     lines[0]["model_key"] = "0123456789abcdef";
     std::ofstream(f, std::ios::trunc) << lines[0].dump() << "\n";
-    stale = lines[0].dump() + "\n";
   }
-  // A kill while the files change, made deterministic: the h2o file becomes a FIFO, fed once for
-  // kvlab's read; kvlab then rewrites the exact file and blocks opening the FIFO for writing until
-  // it is killed. Before: result.json still said complete over an exact file without its line.
-  fs::remove(h2o);
-  REQUIRE(mkfifo(h2o.c_str(), 0644) == 0);
-  std::ofstream(dir + "/stale") << stale;
-  const std::string script = test::kvlab_bin() + " --threads 1 " + niah + " > " + dir + "/log 2>&1 & pid=$!; cat " +
-                             dir + "/stale > " + h2o + "; for i in $(seq 1 400); do [ -s " + exact +
+  // A kill while the files change, made deterministic: kvlab rewrites each file through
+  // <file>.partial (write, rename); h2o's is a FIFO, so kvlab rewrites exact's file and then blocks
+  // opening the FIFO until it is killed. Before: result.json still said complete over an exact file
+  // without its line.
+  REQUIRE(mkfifo((h2o + ".partial").c_str(), 0644) == 0);
+  // Nothing in the script waits on the FIFO: the poll gives up after 20 s and kvlab is killed.
+  const std::string script = test::kvlab_bin() + " --threads 1 " + niah + " > " + dir +
+                             "/log 2>&1 & pid=$!; for i in $(seq 1 400); do [ -s " + exact +
                              " ] || break; sleep 0.05; done; sleep 0.2; kill -KILL $pid; wait $pid; echo done";
   std::string out;
   test::run_command(script, &out);
   INFO("script: " << out << "\nlog: " << test::read_file(dir + "/log"));
   CHECK(read_json_lines(exact).empty());  // the stale line dropped
   CHECK(read_json_file(dir + "/n/result.json")["complete"] == false);
+  CHECK(read_json_lines(h2o).size() == 1);  // not rewritten yet
   // Resumed: the record is decoded again and the run is complete.
-  fs::remove(h2o);
-  std::ofstream(h2o) << stale;
+  fs::remove(h2o + ".partial");
   r = run_kvlab(niah);
   REQUIRE_MESSAGE(r.code == 0, r.out);
   CHECK(read_json_file(dir + "/n/result.json")["complete"] == true);

@@ -13,6 +13,8 @@
 
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+#include "kvlab/core/report.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab/core/write_check.h"
 #include "kvlab/eval/metrics/rouge_google.h"
@@ -241,12 +243,14 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     changes = changes || kept < records.size() || kept < done[i].size();
   }
   if (changes && opt.before_change) opt.before_change();
-  // A cut last line is dropped from the file before appending (rewritten from the parsed lines).
+  // Each file rewritten from its parsed lines before appending (a cut last line, a redone record's
+  // line dropped), only where that changes it, and atomically: a kill never leaves it shorter than
+  // either the old or the new text, and a resume with nothing to drop writes nothing.
   for (size_t i = 0; i < files.size(); ++i) {
-    std::ofstream f(files[i], std::ios::trunc);
+    std::string text;
     for (const auto& r : records)
-      if (auto it = done[i].find(r.id); it != done[i].end()) f << it->second.dump() << "\n";
-    check_written(f, files[i]);
+      if (auto it = done[i].find(r.id); it != done[i].end()) text += it->second.dump() + "\n";
+    if (!fs::exists(files[i]) || read_text_file(files[i], "predictions") != text) write_text_atomic(files[i], text);
   }
   std::vector<const Compressor*> compressors;
   for (const auto& b : branches) compressors.push_back(b.method.compressor.get());
