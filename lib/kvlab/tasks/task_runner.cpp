@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
@@ -35,10 +37,10 @@ std::string cut_at_stop(std::string text, const std::vector<std::string>& stop) 
   return text.substr(0, cut);
 }
 
-// Prediction lines already written: record id -> line.
-std::map<std::string, nlohmann::json> read_preds(const std::string& path) {
+// Prediction lines already written (`text`, the file at `path`): record id -> line.
+std::map<std::string, nlohmann::json> read_preds(const std::string& text, const std::string& path) {
   std::map<std::string, nlohmann::json> out;
-  std::ifstream f(path);
+  std::istringstream f(text);
   std::string line;
   int64_t n = 0;
   while (std::getline(f, line)) {
@@ -205,11 +207,14 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                 it->second + 1, j + 1, records[j].id);
   }
   std::vector<std::string> files;
+  std::vector<std::optional<std::string>> stored;  // each file's text; none while it does not exist
   std::vector<std::map<std::string, nlohmann::json>> done;
   for (const auto& b : branches) {
     fs::create_directories(opt.pred_dir + "/" + b.label);
     files.push_back(opt.pred_dir + "/" + b.label + "/" + task.dataset + ".jsonl");
-    done.push_back(read_preds(files.back()));
+    stored.push_back(fs::exists(files.back()) ? std::optional(read_text_file(files.back(), "predictions"))
+                                              : std::nullopt);
+    done.push_back(read_preds(stored.back().value_or(""), files.back()));
   }
   // A line made from other inputs or settings (a dataset edited in place, another --max-new-tokens
   // with --overwrite, ...) is redone, never reused; lines written before keys existed are kept.
@@ -234,24 +239,24 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       fmt::print(stderr, "[resume] {}: {} predictions carry no input_key (made before kvlab checked them); reused "
                  "by id\n", files[i], unkeyed);
   }
-  // A record to decode in some branch (a cut line's record among them), or a line of an id not in
-  // `records` that the rewrite drops.
+  // Each file's text from its parsed lines (a cut last line, a redone record's line, one of an id
+  // not in `records` dropped). A file whose text changes, or a record to decode, changes pred/: the
+  // caller hears of it first (before_change); then the changed files are rewritten atomically, so a
+  // kill never leaves one shorter than its old or its new text, and a resume with nothing to drop
+  // writes nothing.
+  std::vector<std::string> texts(files.size());
   bool changes = false;
-  for (size_t i = 0; i < branches.size(); ++i) {
-    size_t kept = 0;
-    for (const auto& r : records) kept += done[i].count(r.id);
-    changes = changes || kept < records.size() || kept < done[i].size();
+  for (size_t i = 0; i < files.size(); ++i) {
+    for (const auto& r : records) {
+      auto it = done[i].find(r.id);
+      if (it == done[i].end()) changes = true;  // to decode
+      else texts[i] += it->second.dump() + "\n";
+    }
+    changes = changes || stored[i] != texts[i];
   }
   if (changes && opt.before_change) opt.before_change();
-  // Each file rewritten from its parsed lines before appending (a cut last line, a redone record's
-  // line dropped), only where that changes it, and atomically: a kill never leaves it shorter than
-  // either the old or the new text, and a resume with nothing to drop writes nothing.
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::string text;
-    for (const auto& r : records)
-      if (auto it = done[i].find(r.id); it != done[i].end()) text += it->second.dump() + "\n";
-    if (!fs::exists(files[i]) || read_text_file(files[i], "predictions") != text) write_text_atomic(files[i], text);
-  }
+  for (size_t i = 0; i < files.size(); ++i)
+    if (stored[i] != texts[i]) write_text_atomic(files[i], texts[i]);
   std::vector<const Compressor*> compressors;
   for (const auto& b : branches) compressors.push_back(b.method.compressor.get());
   const int64_t n_obs = check_observation_queries(compressors, opt.obs_queries);  // -1 = every prompt query
