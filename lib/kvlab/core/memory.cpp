@@ -3,6 +3,10 @@
 #include <fstream>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 namespace kvlab {
 
 namespace {
@@ -18,5 +22,11 @@ int64_t status_kib(const char* key) {
 
 int64_t peak_rss_kib() { return status_kib("VmHWM:"); }
 int64_t current_rss_kib() { return status_kib("VmRSS:"); }
+
+void release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
 
 }  // namespace kvlab

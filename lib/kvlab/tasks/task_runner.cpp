@@ -16,6 +16,7 @@
 #include "kvlab/core/aggregate.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
+#include "kvlab/core/memory.h"
 #include "kvlab/core/report.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab/core/write_check.h"
@@ -279,6 +280,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     const std::vector<int64_t> context(r.prompt.begin(), r.prompt.begin() + (two_stage ? r.context_len
                                                                                        : int64_t(r.prompt.size())));
     const std::vector<int64_t> suffix(r.prompt.begin() + int64_t(context.size()), r.prompt.end());
+    release_free_memory();  // what the last record's prefill and branches freed (core/memory.h)
     Prefill pre = run_prefill(model, context, n_obs < 0 ? int64_t(context.size()) : n_obs);
     pre.reconstruction = reconstruction_prompt_for(context, opt.reconstruction_templated, opt.reconstruction_plain);
     nlohmann::json kept_branches = nlohmann::json::array();
