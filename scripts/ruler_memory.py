@@ -17,28 +17,24 @@ Exits 1 when a sample's full-cache outputs differ between runs, else 0 (the numb
 README; what counts as equal enough is for the reader: kvlab's methods round budgets per head).
 """
 import argparse
-import glob
-import json
 import os
 import sys
 from collections import defaultdict
+
+from ruler_table import prediction_lines, split_branch  # noqa: E402  (scripts/ is on sys.path)
 
 
 def load(runs):
     entries = defaultdict(dict)  # (dataset, id, kept) -> method -> entries_start
     exact = defaultdict(dict)    # (dataset, id) -> run -> output
     for run in runs:
-        for path in sorted(glob.glob(os.path.join(run, "pred", "*", "*.jsonl"))):
-            branch = os.path.basename(os.path.dirname(path))
-            dataset = os.path.basename(path)[: -len(".jsonl")]
-            with open(path) as f:
-                for line in f:
-                    r = json.loads(line)
-                    if branch == "exact":
-                        exact[(dataset, r["id"])][run] = r["output"]
-                    elif "_ratio" in branch:
-                        method, kept = branch.rsplit("_ratio", 1)
-                        entries[(dataset, r["id"], kept)][method] = r["entries_start"]
+        for _, branch, task, length, r in prediction_lines(run):
+            dataset = f"{task}_{length}"
+            method, kept = split_branch(branch)
+            if method == "exact":
+                exact[(dataset, r["id"])][run] = r["output"]
+            elif kept is not None:
+                entries[(dataset, r["id"], f"{kept:g}")][method] = r["entries_start"]
     return entries, exact
 
 
