@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """RULER under the two protocols, paired: whole − context per method and compression ratio.
 
-  scripts/ruler_protocols.py --context RUN [RUN ...] --whole RUN [RUN ...]
+  scripts/ruler_protocols.py --context RUN [RUN ...] --whole RUN [RUN ...] [--entries METHOD]
 
 The runs of each side are read (and pooled, and checked) as scripts/ruler_table.py does: e.g. step 1
 of configs/paper/ruler.json (`--protocol context`) against step 3 (`--protocol whole`), both over
@@ -12,7 +12,9 @@ refuses (naming the file and sample). Only the samples both sides hold enter a c
 Prints, per length, one markdown table in the leaderboard's layout (methods x fraction removed):
 the task average of the per-sample difference of string_match_all x 100, whole − context, with its
 SE (each task's sd / sqrt(n) of the differences, combined over tasks as in ruler_table.py), and
-the same for fidelity (ROUGE-L F1 to the full cache). Positive: the method scores higher under
+the same for fidelity (ROUGE-L F1 to the full cache); with --entries M (default snapkv), how many
+more entries M decodes from under `context` than under `whole` (the mean over the samples both
+sides hold of the entries when the answer starts, context / whole, per ratio). Positive: the method scores higher under
 `whole`. The protocols differ in more than whether the compression sees the question: under
 `whole` the question and answer prefix are compressed with the haystack (a method may evict part
 of them) and the first answer token comes from the exact prefill; under `context` they go through
@@ -20,6 +22,7 @@ the compressed cache exactly. The difference is the protocol's, all of it.
 """
 import argparse
 import sys
+from collections import defaultdict
 
 from ruler_table import TASKS, branch_name, compression_label, load, prediction_lines, split_branch, split_label, task_average
 
@@ -50,6 +53,29 @@ def paired_protocols(ctx, whole, branch, length, tasks, which):
     return out
 
 
+def entries_decoding(runs, method, protocol):
+    """{(branch, length, task, id): the entries `method` holds when its answer's first token is fed}
+    over the runs' pred/ folders. `entries_start` counts the cache right after compression: under
+    `whole` the compressed prompt, under `context` the compressed haystack, to which the question
+    and answer prefix (prompt_tokens − context_len) are then added exactly."""
+    def added(r):
+        return r["prompt_tokens"] - r["context_len"] if protocol == "context" else 0
+    return {(b, length, task, r["id"]): r["entries_start"] + added(r)
+            for spec in runs for _, b, task, length, r in prediction_lines(split_label(spec)[0], f"{method}_ratio*")}
+
+
+def entries_ratio(context_runs, whole_runs, method):
+    """{(length, kept): (mean entries_start under context / mean under whole, samples)} over the
+    samples both sides hold: `context` compresses the haystack to the budget and adds the question
+    and answer prefix exactly, `whole` fits all of them into the budget."""
+    a, b = entries_decoding(context_runs, method, "context"), entries_decoding(whole_runs, method, "whole")
+    cells = defaultdict(list)
+    for key in set(a) & set(b):
+        branch, length = key[0], key[1]
+        cells[(length, split_branch(branch)[1])].append((a[key], b[key]))
+    return {k: (sum(x for x, _ in v) / sum(y for _, y in v), len(v)) for k, v in cells.items()}
+
+
 def signed(d, se, digits):
     return f"{d:+.{digits}f} ± {se:.{digits}f}"
 
@@ -58,6 +84,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", nargs="+", required=True, help="run folders of --protocol context")
     ap.add_argument("--whole", nargs="+", required=True, help="run folders of --protocol whole, the same samples")
+    ap.add_argument("--entries", default="snapkv", help="the method whose entries are compared across the protocols")
     args = ap.parse_args()
     ctx, p_ctx = load(args.context)
     whole, p_whole = load(args.whole)
@@ -96,6 +123,12 @@ def main():
                 cells = [signed(*cell[branch_name(m, k)], digits) if branch_name(m, k) in cell else "" for k in kepts]
                 print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
             print()
+        ratio = entries_ratio(args.context, args.whole, args.entries)
+        cells = [f"{compression_label(k)}: {ratio[(length, k)][0]:.3f} ({ratio[(length, k)][1]} samples)"
+                 for k in kepts if (length, k) in ratio]
+        if cells:
+            print(f"{args.entries}'s entries when the answer starts, context / whole (mean over the shared samples): "
+                  + ", ".join(cells) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""scripts/ruler_protocols.py on two hand-made runs, one per protocol (a ctest, `ruler_protocols`):
+the paired whole − context of the score, the entries each protocol decodes from (under `context`
+the question and answer prefix are added to the compressed haystack), and the refusal when the
+full cache's output differs between the two sides.
+
+  tests/python/test_ruler_protocols.py [repo root]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(ROOT, "scripts", "ruler_protocols.py")
+
+
+def write_run(run, protocol, branches):
+    """branches: {branch: [(id, score, entries_start, output), ...]} -> run/pred/<branch>/vt_1024.jsonl;
+    every sample has 100 prompt tokens of which 90 are context (the question and answer prefix: 10)."""
+    os.makedirs(run, exist_ok=True)
+    with open(os.path.join(run, "result.json"), "w") as f:
+        json.dump({"context": {"config": {"protocol": protocol}}}, f)
+    for branch, lines in branches.items():
+        os.makedirs(os.path.join(run, "pred", branch), exist_ok=True)
+        with open(os.path.join(run, "pred", branch, "vt_1024.jsonl"), "w") as f:
+            for sid, score, e, out in lines:
+                f.write(json.dumps({"id": sid, "score": score, "rougeL_vs_exact": score, "entries_start": e,
+                                    "prompt_tokens": 100, "context_len": 90, "output": out}) + "\n")
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+def expect(cond, what, out):
+    if not cond:
+        print(f"FAIL: {what}\n--- output ---\n{out}")
+        sys.exit(1)
+
+
+with tempfile.TemporaryDirectory() as d:
+    c, w = os.path.join(d, "context"), os.path.join(d, "whole")
+    # kept 0.5: under context snapkv compresses the 90 context tokens to 45 and adds 10 (55 when the
+    # answer starts); under whole it fits all 100 into 50. It scores 0, 0 under context, 1, 0 under whole.
+    write_run(c, "context", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
+                             "snapkv_ratio0.5": [("0", 0, 45, "x"), ("1", 0, 45, "y")]})
+    write_run(w, "whole", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
+                           "snapkv_ratio0.5": [("0", 1, 50, " 42."), ("1", 0, 50, "y")]})
+    rc, out = run("--context", c, "--whole", w)
+    expect(rc == 0, "exit 0 on runs over the same samples", out)
+    expect("identical under both protocols on all 2 samples" in out, "the full cache compared", out)
+    expect("| snapkv | +50.0 ± 50.0 | +50.0 |" in out, "whole − context of the score: (100 + 0) / 2, SE 50", out)
+    expect("context / whole (mean over the shared samples): 50%: 1.100 (2 samples)" in out,
+           "55 entries under context against 50 under whole", out)
+    rc, out = run("--context", w, "--whole", c)
+    expect(rc != 0 and "protocol whole" in out, "sides swapped: refused, naming the protocols", out)
+    write_run(w, "whole", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 8.")]})
+    rc, out = run("--context", c, "--whole", w)
+    expect(rc != 0 and "vt_1024 sample 1 differs" in out, "refused, naming the sample whose full cache differs", out)
+print("ok")
