@@ -79,6 +79,11 @@ def load(runs):
     results = []
     for spec in runs:
         run, label = split_label(spec)
+        if not os.path.isdir(os.path.join(run, "pred")):
+            # a merged run commits result.json and data/, not pred/ (.gitignore): its shards hold the lines
+            sys.exit(f"ruler_table: {run}/pred is missing: a merged run's pred/ is not committed; pass its "
+                     f"shards instead ({os.path.dirname(os.path.normpath(run))}/shards/shard*) or merge them again "
+                     f"(kvlab merge)")
         result = json.load(open(os.path.join(run, "result.json")))
         results.append((run, label, result))
         cfg = result.get("context", {}).get("config", {})

@@ -57,6 +57,13 @@ with tempfile.TemporaryDirectory() as d:
            "55 entries under context against 50 under whole", out)
     rc, out = run("--context", w, "--whole", c)
     expect(rc != 0 and "protocol whole" in out, "sides swapped: refused, naming the protocols", out)
+    merged = os.path.join(d, "step", "20270101-000000_abcdef0")  # a merged run as committed: no pred/
+    os.makedirs(merged)
+    with open(os.path.join(merged, "result.json"), "w") as f:
+        json.dump({"context": {"config": {"protocol": "whole"}}}, f)
+    rc, out = run("--context", c, "--whole", merged)
+    expect(rc != 0 and "pred is missing" in out and os.path.join(d, "step", "shards", "shard*") in out,
+           "a merged run without pred/ is refused, pointing at its shards", out)
     write_run(w, "whole", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 8.")]})
     rc, out = run("--context", c, "--whole", w)
     expect(rc != 0 and "vt_1024 sample 1 differs" in out, "refused, naming the sample whose full cache differs", out)
