@@ -12,10 +12,10 @@ refuses (naming the file and sample). Only the samples both sides hold enter a c
 Prints, per length, one markdown table in the leaderboard's layout (methods x fraction removed):
 the task average of the per-sample difference of string_match_all x 100, whole − context, with its
 SE (each task's sd / sqrt(n) of the differences, combined over tasks as in ruler_table.py), and
-the same for fidelity (ROUGE-L F1 to the full cache); with --entries M (default snapkv), how many
-more entries M decodes from under `context` than under `whole` (the mean over the samples both
-sides hold of the entries when the answer starts, context / whole, per ratio). Positive: the method scores higher under
-`whole`. The protocols differ in more than whether the compression sees the question: under
+the same for fidelity (ROUGE-L F1 to the full cache). Positive: the method scores higher under
+`whole`. Below them, for --entries M (default snapkv), how many more entries M decodes from under
+`context` than under `whole`: the entries it holds when the answer starts, summed over the samples
+both sides hold, context / whole, per ratio. The protocols differ in more than whether the compression sees the question: under
 `whole` the question and answer prefix are compressed with the haystack (a method may evict part
 of them) and the first answer token comes from the exact prefill; under `context` they go through
 the compressed cache exactly. The difference is the protocol's, all of it.
@@ -65,9 +65,9 @@ def entries_decoding(runs, method, protocol):
 
 
 def entries_ratio(context_runs, whole_runs, method):
-    """{(length, kept): (mean entries_start under context / mean under whole, samples)} over the
-    samples both sides hold: `context` compresses the haystack to the budget and adds the question
-    and answer prefix exactly, `whole` fits all of them into the budget."""
+    """{(length, kept): (mean entries when the answer starts under context / the same under whole,
+    samples)} over the samples both sides hold: `context` compresses the haystack to the budget and
+    adds the question and answer prefix exactly, `whole` fits all of them into the budget."""
     a, b = entries_decoding(context_runs, method, "context"), entries_decoding(whole_runs, method, "whole")
     cells = defaultdict(list)
     for key in set(a) & set(b):
@@ -94,6 +94,7 @@ def main():
     if n_shared == 0:
         sys.exit("ruler_protocols: the two sides share no sample of the full cache (exact): not runs over the same samples")
     print(f"The full cache's output is identical under both protocols on all {n_shared} samples both hold.\n")
+    ratio = entries_ratio(args.context, args.whole, args.entries)
     lengths = sorted({l for (_, _, l) in whole} & {l for (_, _, l) in ctx})
     for length in lengths:
         branches = sorted({b for (b, _, l) in whole if l == length} & {b for (b, _, l) in ctx if l == length})
@@ -123,7 +124,6 @@ def main():
                 cells = [signed(*cell[branch_name(m, k)], digits) if branch_name(m, k) in cell else "" for k in kepts]
                 print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
             print()
-        ratio = entries_ratio(args.context, args.whole, args.entries)
         cells = [f"{compression_label(k)}: {ratio[(length, k)][0]:.3f} ({ratio[(length, k)][1]} samples)"
                  for k in kepts if (length, k) in ratio]
         if cells:

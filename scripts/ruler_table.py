@@ -59,7 +59,17 @@ def split_branch(branch):
 
 def prediction_lines(run, branch="*"):
     """(path, branch folder, task, length, line as a dict) for every complete line of a RULER task
-    file in run/pred/<branch>/ (other tasks' files, e.g. kvpress's, are skipped)."""
+    file in run/pred/<branch>/ (other tasks' files, e.g. kvpress's, are skipped). Refuses, at the
+    call, a folder without pred/: a merged run commits result.json and data/, not pred/
+    (.gitignore), so in a fresh clone its shards hold the lines."""
+    if not os.path.isdir(os.path.join(run, "pred")):
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {run}/pred is missing: not a `kvlab ruler` run folder or "
+                 f"shard; a merged run's pred/ is not committed, so pass its shards instead "
+                 f"({os.path.dirname(os.path.normpath(run))}/shards/shard*) or merge them again (kvlab merge)")
+    return _lines(run, branch)
+
+
+def _lines(run, branch):
     for path in sorted(glob.glob(os.path.join(run, "pred", branch, "*.jsonl"))):
         task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
         if task not in TASKS:
@@ -79,18 +89,14 @@ def load(runs):
     results = []
     for spec in runs:
         run, label = split_label(spec)
-        if not os.path.isdir(os.path.join(run, "pred")):
-            # a merged run commits result.json and data/, not pred/ (.gitignore): its shards hold the lines
-            sys.exit(f"ruler_table: {run}/pred is missing: a merged run's pred/ is not committed; pass its "
-                     f"shards instead ({os.path.dirname(os.path.normpath(run))}/shards/shard*) or merge them again "
-                     f"(kvlab merge)")
+        lines = prediction_lines(run)  # before result.json: a merged run without pred/ is named as such
         result = json.load(open(os.path.join(run, "result.json")))
         results.append((run, label, result))
         cfg = result.get("context", {}).get("config", {})
         if protocol not in (None, cfg.get("protocol")):
             sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
         protocol = cfg.get("protocol")
-        for path, branch, task, length, r in prediction_lines(run):
+        for path, branch, task, length, r in lines:
             key, value = (relabel(branch, label), task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
             # runs pooled over the same samples (a step and its _extra step) share exact
             if records[key].get(r["id"], value) != value:
