@@ -7,12 +7,13 @@ output differs between runs holding the same sample.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+from script_check import expect, script_runner  # tests/python/ is on sys.path
+
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(ROOT, "scripts", "ruler_memory.py")
+run = script_runner(ROOT, "ruler_memory.py")
 
 
 def write_run(run, branches):
@@ -22,17 +23,6 @@ def write_run(run, branches):
         with open(os.path.join(run, "pred", branch, "vt_1024.jsonl"), "w") as f:
             for sid, e, out in lines:
                 f.write(json.dumps({"id": sid, "entries_start": e, "output": out}) + "\n")
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
-    return p.returncode, p.stdout + p.stderr
-
-
-def expect(cond, what, out):
-    if not cond:
-        print(f"FAIL: {what}\n--- output ---\n{out}")
-        sys.exit(1)
 
 
 with tempfile.TemporaryDirectory() as d:

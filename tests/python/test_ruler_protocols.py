@@ -8,12 +8,13 @@ full cache's output differs between the two sides.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+from script_check import expect, script_runner  # tests/python/ is on sys.path
+
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(ROOT, "scripts", "ruler_protocols.py")
+run = script_runner(ROOT, "ruler_protocols.py")
 
 
 def write_run(run, protocol, branches):
@@ -28,17 +29,6 @@ def write_run(run, protocol, branches):
             for sid, score, e, out in lines:
                 f.write(json.dumps({"id": sid, "score": score, "rougeL_vs_exact": score, "entries_start": e,
                                     "prompt_tokens": 100, "context_len": 90, "output": out}) + "\n")
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
-    return p.returncode, p.stdout + p.stderr
-
-
-def expect(cond, what, out):
-    if not cond:
-        print(f"FAIL: {what}\n--- output ---\n{out}")
-        sys.exit(1)
 
 
 with tempfile.TemporaryDirectory() as d:
