@@ -32,7 +32,7 @@ the value, from RULER's "One of the special magic ..." opening to its final "." 
 tokens with --span value), as scripts/ruler_needle_heads.py finds them.
 
 Usage (the environment of bench/ruler_kvpress.py):
-  /opt/kvpress-py/bin/python bench/ruler_head_probe.py results/ruler_whole/shards/shard* \\
+  /opt/kvpress-py/bin/python bench/ruler_head_probe.py results/ruler_whole \\
       --datasets niah_single_1_1024,niah_single_2_1024 --ratio 0.75 \\
       --conditions snapkv,adakv,snapkv:drop:19.2,adakv:keep:19.2 --out /tmp/probe
 Writes <out>/<condition>.jsonl ({"dataset", "id", "output", "score"}; ":" and "+" as "_", "*" as "all") and
@@ -59,8 +59,18 @@ from kvpress.presses.snapkv_press import SnapKVPress  # noqa: E402
 from ruler_kvpress import MODELS, REPO, TOKENS, read_lines  # noqa: E402  (bench/, this script's folder)
 
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "python"))
 from ruler_needle_heads import span_positions  # noqa: E402
+from kvlab import results  # noqa: E402
 WINDOW, KERNEL = 32, 7  # kvlab's snapkv / adakv paper preset
+
+
+def read_data(folder):
+    """The samples of a results folder (data.jsonl.gz) or of a run folder (data/*.jsonl, with their dataset)."""
+    if results.is_results_dir(folder):
+        return results.read_jsonl_gz(os.path.join(folder, results.DATA))
+    return [{"dataset": os.path.basename(p)[: -len(".jsonl")], **s}
+            for p in sorted(glob.glob(os.path.join(folder, "data", "*.jsonl"))) for s in read_lines(p)]
 
 
 def read_json(path):
@@ -171,7 +181,7 @@ def score(output, refs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shards", nargs="+", help="kvlab ruler run folders (--protocol whole) holding data/ and pred/")
+    ap.add_argument("shards", nargs="+", help="a results folder (docs/results.md) or kvlab ruler run folders (--protocol whole)")
     ap.add_argument("--datasets", default="niah_single_1_1024,niah_single_2_1024")
     ap.add_argument("--ratio", type=float, default=0.75, help="kept fraction, as kvlab's --ratio")
     ap.add_argument("--alpha", type=float, default=0.2, help="adakv's safeguard (its paper preset: 0.2)")
@@ -201,13 +211,13 @@ def main():
         else set(model.generation_config.eos_token_id or [])
     eos.add(tok.eos_token_id)
 
-    kept_label = f"ratio{args.ratio:g}"
     samples = []  # (dataset, sample, {branch: kvlab's output})
+    records = [r for folder in args.shards for r in results.load(folder)]
     for ds in args.datasets.split(","):
-        # every shard holds the dataset's samples; each its own share of the predictions
-        kv = {br: {p["id"]: p for shard in args.shards for p in read_lines(f"{shard}/pred/{br}_{kept_label}/{ds}.jsonl")}
-              for br in ("snapkv", "adakv")}
-        data = {s["index"]: s for shard in args.shards for s in read_lines(f"{shard}/data/{ds}.jsonl")}
+        # a results folder (docs/results.md) or the shards of a run: each its own share of the predictions
+        kv = {br: {r["sample"]: r for r in records if r["method"] == br and r.get("kept") == args.ratio
+                   and f"{r['task']}_{r['length']}" == ds} for br in ("snapkv", "adakv")}
+        data = {s["index"]: s for folder in args.shards for s in read_data(folder) if s.get("dataset", ds) == ds}
         for _, s in sorted(data.items()):
             samples.append((ds, s, {br: kv[br].get(str(s["index"])) for br in kv}))
     if args.ids:

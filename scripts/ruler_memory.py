@@ -20,7 +20,7 @@ import argparse
 import sys
 from collections import defaultdict
 
-from ruler_table import prediction_lines, split_branch  # noqa: E402  (scripts/ is on sys.path)
+from ruler_table import prediction_lines  # noqa: E402  (scripts/ is on sys.path)
 
 
 def load(runs):
@@ -29,11 +29,11 @@ def load(runs):
     for run in runs:
         for _, branch, task, length, r in prediction_lines(run):
             dataset = f"{task}_{length}"
-            method, kept = split_branch(branch)
+            method, kept = branch
             if method == "exact":
-                exact[(dataset, r["id"])][run] = r["output"]
+                exact[(dataset, r["sample"])][run] = r["output"]
             elif kept is not None:
-                entries[(dataset, r["id"], f"{kept:g}")][method] = r["entries_start"]
+                entries[(dataset, r["sample"], f"{kept:g}")][method] = r["entries_start"]
     return entries, exact
 
 

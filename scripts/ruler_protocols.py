@@ -24,12 +24,12 @@ import argparse
 import sys
 from collections import defaultdict
 
-from ruler_table import TASKS, branch_name, compression_label, load, prediction_lines, split_branch, split_label, task_average
+from ruler_table import EXACT, TASKS, branch_name, compression_label, load, prediction_lines, split_label, task_average
 
 
 def exact_outputs(runs):
     """{(task, length, id): (output, path)} of the exact branch over the runs' pred/ folders."""
-    return {(task, length, r["id"]): (r["output"], path)
+    return {(task, length, r["sample"]): (r["output"], path)
             for spec in runs for path, _, task, length, r in prediction_lines(split_label(spec)[0], "exact")}
 
 
@@ -60,8 +60,9 @@ def entries_decoding(runs, method, protocol):
     and answer prefix (prompt_tokens − context_len) are then added exactly."""
     def added(r):
         return r["prompt_tokens"] - r["context_len"] if protocol == "context" else 0
-    return {(b, length, task, r["id"]): r["entries_start"] + added(r)
-            for spec in runs for _, b, task, length, r in prediction_lines(split_label(spec)[0], f"{method}_ratio*")}
+    return {(b, length, task, r["sample"]): r["entries_start"] + added(r)
+            for spec in runs for _, b, task, length, r in prediction_lines(split_label(spec)[0], method)
+            if b[1] is not None}
 
 
 def entries_ratio(context_runs, whole_runs, method):
@@ -72,7 +73,7 @@ def entries_ratio(context_runs, whole_runs, method):
     cells = defaultdict(list)
     for key in set(a) & set(b):
         branch, length = key[0], key[1]
-        cells[(length, split_branch(branch)[1])].append((a[key], b[key]))
+        cells[(length, branch[1])].append((a[key], b[key]))
     return {k: (sum(x for x, _ in v) / sum(y for _, y in v), len(v)) for k, v in cells.items()}
 
 
@@ -98,7 +99,7 @@ def main():
     lengths = sorted({l for (_, _, l) in whole} & {l for (_, _, l) in ctx})
     for length in lengths:
         branches = sorted({b for (b, _, l) in whole if l == length} & {b for (b, _, l) in ctx if l == length})
-        branches = [b for b in branches if b != "exact"]
+        branches = [b for b in branches if b != EXACT]
         if not branches:
             sys.exit(f"ruler_protocols: at {length} tokens no compressed branch is on both sides "
                      f"(a RUN@LABEL on one side only renames its methods)")
@@ -106,8 +107,8 @@ def main():
         # tasks where every branch has shared samples
         tasks = [t for t in TASKS if all(diffs[0][b][t] for b in branches)]
         counts = sorted({len(diffs[0][b][t]) for b in branches for t in tasks})
-        kepts = sorted({split_branch(b)[1] for b in branches}, reverse=True)
-        methods = sorted({split_branch(b)[0] for b in branches})
+        kepts = sorted({b[1] for b in branches}, reverse=True)
+        methods = sorted({b[0] for b in branches})
         cols = [compression_label(k) for k in kepts]
         for which, title, digits in ((0, "string_match_all x 100", 1), (1, "fidelity (ROUGE-L F1 to the full cache)", 3)):
             cell = {b: task_average({t: diffs[which][b][t] for t in tasks}) for b in branches}

@@ -2,7 +2,9 @@
 # Runs, or resumes, the shards of one step of configs/paper/ruler.json (issue 23): shard i of N
 # goes to results/<step name>/shards/shard<i> (committed as it progresses: see .gitignore), WORKERS
 # processes at one thread each take shards w, w + WORKERS, ...; when every shard is complete they
-# are merged into results/<step name>/<stamp>_<sha>. A killed run resumes where it stopped.
+# are merged into results/<step name>/<stamp>_<sha> and converted into a results folder at
+# results/<step name>/ (docs/results.md: predictions.jsonl.gz, rows.csv.gz, data.jsonl.gz, run.json).
+# A killed run resumes where it stopped.
 #   scripts/ruler_shards.sh STEP [N_SHARDS] [WORKERS]     e.g. scripts/ruler_shards.sh 1 8 2
 # CONFIG=<experiment file> runs a step of another file the same way.
 # OPENBLAS_CORETYPE is unset, as for every shard so far: the environment's Haswell pin halves
@@ -75,4 +77,7 @@ for p in "${pids[@]}"; do wait "$p" || failed=1; done
 # named by the commit the binary was built from (KVLAB may be a copy made at another commit than
 # the checkout's), as its result.json says
 sha=$("$kvlab" --version | sed -n 's/^git \([0-9a-f]\{7\}\).*/\1/p')
-"$kvlab" merge results/"$name"/shards/shard* --out "results/$name/$(date -u +%Y%m%d-%H%M%S)_${sha:-unknown}"
+merged="results/$name/$(date -u +%Y%m%d-%H%M%S)_${sha:-unknown}"
+"$kvlab" merge results/"$name"/shards/shard* --out "$merged"
+# the step as data (docs/results.md): what is committed; the shards and the merged run can then go
+python3 scripts/results_convert.py --out "results/$name" --merged "$merged" results/"$name"/shards/shard*

@@ -26,89 +26,81 @@ differences. A merged run's result.json also holds kvlab's own table of per-task
 ("ruler"); every mean printed here is checked against it.
 """
 import argparse
-import glob
-import json
 import math
 import os
 import sys
 from collections import defaultdict
 
-from task_table import mean_se  # noqa: E402  (scripts/ is the script's own folder on sys.path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from kvlab import results  # noqa: E402  (python/ of this repository)
+from kvlab.stats import mean_se  # noqa: E402
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
-
-
-def split_dataset(name):
-    task, _, length = name.rpartition("_")
-    return task, int(length)
+EXACT = ("exact", None)  # the full cache's branch
 
 
 def branch_name(method, kept):
-    """The branch folder of a method at kept fraction `kept` (None: the method's only branch)."""
-    return method if kept is None else f"{method}_ratio{kept:g}"
+    """A branch: (method, kept fraction), or (method, None) for a method's only branch (exact)."""
+    return (method, kept)
 
 
 def split_branch(branch):
-    """("snapkv", 0.5) for snapkv_ratio0.5; ("exact", None) for the full cache."""
-    if "_ratio" not in branch:
-        return branch, None
-    method, _, kept = branch.rpartition("_ratio")
-    return method, float(kept)
+    """("snapkv", 0.5) -> ("snapkv", 0.5): a branch is already its method and kept fraction."""
+    return branch
 
 
-def prediction_lines(run, branch="*"):
-    """(path, branch folder, task, length, line as a dict) for every complete line of a RULER task
-    file in run/pred/<branch>/ (other tasks' files, e.g. kvpress's, are skipped). Refuses, at the
-    call, a folder without pred/: a merged run commits result.json and data/, not pred/
-    (.gitignore), so in a fresh clone its shards hold the lines."""
-    if not os.path.isdir(os.path.join(run, "pred")):
-        sys.exit(f"{os.path.basename(sys.argv[0])}: {run}/pred is missing: not a `kvlab ruler` run folder or "
-                 f"shard; a merged run's pred/ is not committed, so pass its shards instead "
-                 f"({os.path.dirname(os.path.normpath(run))}/shards/shard*) or merge them again (kvlab merge)")
-    return _lines(run, branch)
+def branch_text(branch):
+    method, kept = branch
+    return method if kept is None else f"{method} at kept {kept:g}"
 
 
-def _lines(run, branch):
-    for path in sorted(glob.glob(os.path.join(run, "pred", branch, "*.jsonl"))):
-        task, length = split_dataset(os.path.basename(path)[: -len(".jsonl")])
-        if task not in TASKS:
+def prediction_lines(run, method=None):
+    """(source, branch, task, length, record) for every RULER record of a results folder or a
+    legacy run folder (python/kvlab/results.py), of one method or all; records of other tasks (e.g.
+    kvpress's) are skipped. The branch is (method, kept) from the record's fields."""
+    try:
+        records = results.load(run)
+    except results.ResultsError as e:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: {e}")
+    for r in records:
+        if r["task"] not in TASKS or (method is not None and r["method"] != method):
             continue
-        with open(path) as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break  # a shard in progress writing its last line
-                if line.strip():
-                    yield path, os.path.basename(os.path.dirname(path)), task, length, json.loads(line)
+        kept = None if r["method"] == "exact" else r.get("kept")
+        yield f"{run} ({r['method']} {r.get('setting', '')} {r['task']} {r['length']})", (r["method"], kept), \
+            r["task"], int(r["length"]), r
 
 
 def load(runs):
-    """records[(branch, task, length)][id] = (score, rougeL_vs_exact), pooled over the folders."""
+    """records[(branch, task, length)][sample] = (score x 100, rougeL_vs_exact), pooled over the folders."""
     records = defaultdict(dict)
     protocol = None
-    results = []
+    infos = []
     for spec in runs:
         run, label = split_label(spec)
-        lines = prediction_lines(run)  # before result.json: a merged run without pred/ is named as such
-        result = json.load(open(os.path.join(run, "result.json")))
-        results.append((run, label, result))
-        cfg = result.get("context", {}).get("config", {})
-        if protocol not in (None, cfg.get("protocol")):
-            sys.exit(f"ruler_table: {run} is protocol {cfg.get('protocol')}, the others {protocol}")
-        protocol = cfg.get("protocol")
+        lines = list(prediction_lines(run))  # first: a merged run without pred/ is named as such
+        info = results.run_info(run)
+        infos.append((run, label, info))
+        protocols = {r["protocol"] for *_, r in lines}
+        if len(protocols) > 1:
+            sys.exit(f"ruler_table: {run} holds protocols {sorted(protocols)}: one protocol per table")
+        this = protocols.pop() if protocols else None
+        if protocol not in (None, this):
+            sys.exit(f"ruler_table: {run} is protocol {this}, the others {protocol}")
+        protocol = this
         for path, branch, task, length, r in lines:
             key, value = (relabel(branch, label), task, length), (100.0 * r["score"], r["rougeL_vs_exact"])
             # runs pooled over the same samples (a step and its _extra step) share exact
-            if records[key].get(r["id"], value) != value:
-                sys.exit(f"ruler_table: {path}: sample {r['id']} scores {value}, another run "
-                         f"{records[key][r['id']]}: only runs over the same samples, whose shared branches have the same "
+            if records[key].get(r["sample"], value) != value:
+                sys.exit(f"ruler_table: {path}: sample {r['sample']} scores {value}, another run "
+                         f"{records[key][r['sample']]}: only runs over the same samples, whose shared branches have the same "
                          f"settings, can be pooled")
-            records[key][r["id"]] = value
+            records[key][r["sample"]] = value
     # A whole run's own table covers all its samples; a shard's covers only its own, so shards
     # pooled with their siblings are not checked one by one.
-    for run, label, result in results:
-        if len(runs) == 1 or "merged_from" in result.get("context", {}):
-            check_against_result(result, records, run, label)
+    for run, label, info in infos:
+        if len(runs) == 1 or "merged_from" in info.get("context", {}):
+            check_against_result(info, records, run, label)
     return records, protocol
 
 
@@ -125,11 +117,10 @@ def split_label(spec):
 
 
 def relabel(branch, label):
-    """snapkv_ratio0.5 -> snapkv@LABEL_ratio0.5 (exact, the shared reference, keeps its name)."""
-    if label is None or branch == "exact":
+    """(snapkv, 0.5) -> (snapkv@LABEL, 0.5) (exact, the shared reference, keeps its name)."""
+    if label is None or branch == EXACT:
         return branch
-    method, kept = split_branch(branch)
-    return branch_name(f"{method}@{label}", kept)
+    return (f"{branch[0]}@{label}", branch[1])
 
 
 def check_against_result(result, records, run, label=None):
@@ -139,11 +130,14 @@ def check_against_result(result, records, run, label=None):
     for row in result["ruler"]:
         for task in TASKS:
             if task in row:
-                got = records.get((relabel(row["branch"], label), task, row["length"]))
+                if "method" not in row:
+                    sys.exit(f"ruler_table: {run}: its summary table names a branch no row describes: {row}")
+                branch = EXACT if row["method"] == "exact" else (row["method"], row["kept"])
+                got = records.get((relabel(branch, label), task, row["length"]))
                 ours = sum(s for s, _ in got.values()) / len(got) if got else float("nan")
                 if not math.isclose(ours, row[task], abs_tol=1e-9):
-                    sys.exit(f"ruler_table: {run}: {row['branch']} {task}_{row['length']}: "
-                             f"pred files give {ours}, result.json {row[task]}")
+                    sys.exit(f"ruler_table: {run}: {branch_text(branch)} {task}_{row['length']}: "
+                             f"the records give {ours}, the run's own table {row[task]}")
 
 
 def task_average(per_task):
@@ -194,20 +188,20 @@ def main():
     args = ap.parse_args()
     records, protocol = load(args.runs)
     lengths = sorted({l for (_, _, l) in records})
-    known = ["exact"] + sorted({split_branch(b)[0] for (b, _, _) in records} - {"exact"})
+    known = ["exact"] + sorted({b[0] for (b, _, _) in records} - {"exact"})
     pairs = [p.split(":") for p in args.compare.split(",") if p]
     for pair in pairs:
         if len(pair) != 2 or any(m not in known for m in pair):
             sys.exit(f"ruler_table: --compare {':'.join(pair)}: expected A:B, two of {known}")
     for length in lengths:
         branches = sorted({b for (b, _, l) in records if l == length})
-        if "exact" not in branches:
+        if EXACT not in branches:
             sys.exit(f"ruler_table: no exact branch at {length}: fidelity and the full cache's row need it")
         # only tasks every branch has (shards in progress may have more tasks for some branches)
         tasks = [t for t in TASKS if all(records.get((b, t, length)) for b in branches)]
         counts = sorted({len(records[(b, t, length)]) for b in branches for t in tasks})
         kepts = sorted({split_branch(b)[1] for b in branches if split_branch(b)[1] is not None}, reverse=True)
-        methods = sorted({split_branch(b)[0] for b in branches if b != "exact"})
+        methods = sorted({b[0] for b in branches if b != EXACT})
         score = {b: task_average(values(records, b, length, 0, tasks)) for b in branches}
         fid = {b: task_average(values(records, b, length, 1, tasks)) for b in branches}
         cols = [compression_label(k) for k in kepts]
@@ -217,7 +211,7 @@ def main():
               "(kept " + " / ".join(f"{k:g}" for k in kepts) + " of the whole cache)\n")
         print("| method | " + " | ".join(cols) + " | mean |")
         print("|---|" + "---|" * (len(cols) + 1))
-        print(f"| exact (full cache) | " + " | ".join(fmt(*score["exact"]) for _ in cols) + f" | {score['exact'][0]:.1f} |")
+        print(f"| exact (full cache) | " + " | ".join(fmt(*score[EXACT]) for _ in cols) + f" | {score[EXACT][0]:.1f} |")
 
         def row_mean(table, m):
             xs = [table[branch_name(m, k)][0] for k in kepts if branch_name(m, k) in table]
@@ -236,7 +230,7 @@ def main():
         print("| task | exact | |")
         print("|---|---|---|")
         for t in tasks:
-            m, se = mean_se(values(records, "exact", length, 0, [t])[t])
+            m, se = mean_se(values(records, EXACT, length, 0, [t])[t])
             floor = f"near the floor (< {args.floor:g})" if m < args.floor else ""
             print(f"| {t} | {fmt(m, se)} | {floor} |")
         print(f"\nClosest to the full cache (fidelity), per compression ratio; exact − method of the task "
@@ -245,7 +239,7 @@ def main():
             ranked = sorted((b for b in branches if split_branch(b)[1] == k), key=lambda b: -fid[b][0])
             parts = []
             for b in ranked[: args.top]:
-                d, se = task_average(paired(records, "exact", b, length, tasks))
+                d, se = task_average(paired(records, EXACT, b, length, tasks))
                 parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {in_se(d, se)})")
             print(f"- {compression_label(k)}: " + "; ".join(parts))
         print()
@@ -256,7 +250,7 @@ def main():
             for a, b in pairs:
                 cells = []
                 for k in kepts:
-                    ba, bb = (m if m == "exact" else branch_name(m, k) for m in (a, b))
+                    ba, bb = (EXACT if m == "exact" else branch_name(m, k) for m in (a, b))
                     if ba not in score or bb not in score:
                         cells.append("")  # a method not run at this ratio or length
                         continue

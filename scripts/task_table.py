@@ -20,16 +20,8 @@ import math
 import os
 import sys
 
-
-def mean_se(xs):
-    n = len(xs)
-    if n == 0:
-        return float("nan"), float("nan")
-    m = sum(xs) / n
-    if n < 2:
-        return m, float("nan")
-    var = sum((x - m) ** 2 for x in xs) / (n - 1)
-    return m, math.sqrt(var / n)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from kvlab.stats import mean_se  # noqa: E402  (python/ of this repository)
 
 
 def load_lines(path):

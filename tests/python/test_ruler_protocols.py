@@ -11,34 +11,28 @@ import os
 import sys
 import tempfile
 
-from script_check import expect, script_runner  # tests/python/ is on sys.path
+from script_check import expect, script_runner, write_ruler_results  # tests/python/ is on sys.path
 
 ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", ".."))
 run = script_runner(ROOT, "ruler_protocols.py")
 
 
 def write_run(run, protocol, branches):
-    """branches: {branch: [(id, score, entries_start, output), ...]} -> run/pred/<branch>/vt_1024.jsonl;
-    every sample has 100 prompt tokens of which 90 are context (the question and answer prefix: 10)."""
-    os.makedirs(run, exist_ok=True)
-    with open(os.path.join(run, "result.json"), "w") as f:
-        json.dump({"context": {"config": {"protocol": protocol}}}, f)
-    for branch, lines in branches.items():
-        os.makedirs(os.path.join(run, "pred", branch), exist_ok=True)
-        with open(os.path.join(run, "pred", branch, "vt_1024.jsonl"), "w") as f:
-            for sid, score, e, out in lines:
-                f.write(json.dumps({"id": sid, "score": score, "rougeL_vs_exact": score, "entries_start": e,
-                                    "prompt_tokens": 100, "context_len": 90, "output": out}) + "\n")
+    """branches: {(method, kept): [(id, score, entries_start, output), ...]} -> a results folder of vt at
+    1024; every sample has 100 prompt tokens of which 90 are context (the question and answer prefix: 10)."""
+    write_ruler_results(run, protocol, {
+        b: [{"id": i, "score": sc, "rougeL_vs_exact": sc, "entries_start": e, "prompt_tokens": 100, "context_len": 90,
+             "output": o} for i, sc, e, o in lines] for b, lines in branches.items()})
 
 
 with tempfile.TemporaryDirectory() as d:
     c, w = os.path.join(d, "context"), os.path.join(d, "whole")
     # kept 0.5: under context snapkv compresses the 90 context tokens to 45 and adds 10 (55 when the
     # answer starts); under whole it fits all 100 into 50. It scores 0, 0 under context, 1, 0 under whole.
-    write_run(c, "context", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
-                             "snapkv_ratio0.5": [("0", 0, 45, "x"), ("1", 0, 45, "y")]})
-    write_run(w, "whole", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
-                           "snapkv_ratio0.5": [("0", 1, 50, " 42."), ("1", 0, 50, "y")]})
+    write_run(c, "context", {("exact", None): [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
+                             ("snapkv", 0.5): [("0", 0, 45, "x"), ("1", 0, 45, "y")]})
+    write_run(w, "whole", {("exact", None): [("0", 1, 100, " 42."), ("1", 1, 100, " 7.")],
+                           ("snapkv", 0.5): [("0", 1, 50, " 42."), ("1", 0, 50, "y")]})
     rc, out = run("--context", c, "--whole", w)
     expect(rc == 0, "exit 0 on runs over the same samples", out)
     expect("identical under both protocols on all 2 samples" in out, "the full cache compared", out)
@@ -54,7 +48,7 @@ with tempfile.TemporaryDirectory() as d:
     rc, out = run("--context", c, "--whole", merged)
     expect(rc != 0 and "pred is missing" in out and os.path.join(d, "step", "shards", "shard*") in out,
            "a merged run without pred/ is refused, pointing at its shards", out)
-    write_run(w, "whole", {"exact": [("0", 1, 100, " 42."), ("1", 1, 100, " 8.")]})
+    write_run(w, "whole", {("exact", None): [("0", 1, 100, " 42."), ("1", 1, 100, " 8.")]})
     rc, out = run("--context", c, "--whole", w)
     expect(rc != 0 and "vt_1024 sample 1 differs" in out, "refused, naming the sample whose full cache differs", out)
 print("ok")

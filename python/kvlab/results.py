@@ -1,0 +1,253 @@
+"""kvlab's results as data: one record per (sample, branch), its identity in fields, not in paths.
+
+A results folder (docs/results.md) holds
+  predictions.jsonl.gz  one JSON object per (sample, branch): the identity fields below, then what
+                        kvlab wrote for that record (output, score, entries, bytes, seconds, ...)
+  rows.csv.gz           the same records in long format: the identity fields, `metric`, `value`,
+                        one row per numeric field of a prediction (derived from predictions, never
+                        edited by hand)
+  data.jsonl.gz         the task's samples (one copy, each line carrying its task and length)
+  run.json              provenance: the runs and shards that made it, kvlab's own summary tables
+Both tables load in one line of pandas: pd.read_json(p, lines=True) / pd.read_csv(p).
+
+The budget has one name here: `kept`, the fraction of the whole cache a branch keeps when decoding
+starts (1.0 for the full cache; kvpress's "compression ratio" is 1 - kept). A budget that is not a
+fraction (BUZZ's T, a fixed cache size) leaves `kept` empty and is named by `setting`.
+
+Legacy task runs (result.json + pred/<branch>/<dataset>.jsonl, what `kvlab` task commands still write)
+are read by `from_task_run`: the branch's method, parameters and setting come from result.json's
+rows, the task and length from each line's gold record; no path is parsed.
+"""
+import csv
+import gzip
+import io
+import json
+import os
+
+# Identity of a record, in this order, in both tables.
+IDENTITY = ("benchmark", "task", "length", "sample", "method", "params", "setting", "kept",
+            "protocol", "preset", "decode_rule", "model", "shard")
+# Fields of a prediction that are settings or text, not measurements: not rows of the long table.
+NOT_METRICS = {"id", "gold", "output", "input_key", "model_key", "keep_first", "keep_last"}
+
+PREDICTIONS, ROWS, DATA, RUN = "predictions.jsonl.gz", "rows.csv.gz", "data.jsonl.gz", "run.json"
+
+
+class ResultsError(SystemExit):
+    """A results folder or run that cannot be read; the message names the file."""
+
+
+def kept_of(setting):
+    """The kept fraction a branch setting states: "ratio=0.25" -> 0.25, "full" -> 1.0, else None."""
+    if setting == "full":
+        return 1.0
+    name, _, value = (setting or "").partition("=")
+    return float(value) if name == "ratio" and value else None
+
+
+def is_results_dir(path):
+    return os.path.isfile(os.path.join(path, PREDICTIONS))
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+def read_jsonl_gz(path):
+    """Every line of a .jsonl.gz as a dict; a truncated last line (a writer killed mid-line) ends it."""
+    out = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ResultsError(f"{path}: line {n} is not JSON ({e})")
+    return out
+
+
+def load(path):
+    """Records of a results folder, or of a legacy task run folder (converted in memory)."""
+    if is_results_dir(path):
+        return read_jsonl_gz(os.path.join(path, PREDICTIONS))
+    return from_task_run(path)
+
+
+def run_info(path):
+    """run.json of a results folder, or a legacy run's result.json without its rows."""
+    name = RUN if is_results_dir(path) else "result.json"
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+        raise ResultsError(f"{file} is missing: expected a results folder ({PREDICTIONS}, {RUN}) or a kvlab "
+                           f"task run (result.json, pred/)")
+    with open(file) as f:
+        info = json.load(f)
+    rows = info.pop("rows", [])
+    if name == "result.json":
+        identify_summary_rows(info, rows)
+    return info
+
+
+def identify_summary_rows(info, rows):
+    """kvlab's own per-task tables (result.json "ruler") name a branch by its label only: give each
+    of their rows the branch's method and kept fraction, from the run's rows (which carry both)."""
+    by_branch = {r["branch"]: (r["method"], kept_of(r.get("setting", ""))) for r in rows if "branch" in r}
+    for row in info.get("ruler", []):
+        if "branch" in row and row["branch"] in by_branch:
+            row["method"], row["kept"] = by_branch[row.pop("branch")]
+
+
+# ---------------------------------------------------------------------------------------------
+# legacy task runs: result.json rows name each branch; lines carry their gold record
+
+def from_task_run(run):
+    """Records of a `kvlab ruler|longbench|...` run folder (result.json + pred/).
+
+    Refuses a folder without pred/: a merged run's pred/ was never committed (its shards hold it)."""
+    result_path, pred = os.path.join(run, "result.json"), os.path.join(run, "pred")
+    if not os.path.isdir(pred):
+        raise ResultsError(f"{pred} is missing: not a kvlab task run folder or shard, nor a results folder "
+                           f"({PREDICTIONS}); a merged run's pred/ is not committed, so pass its shards instead "
+                           f"({os.path.dirname(os.path.normpath(run))}/shards/shard*) or its converted results folder")
+    if not os.path.isfile(result_path):
+        raise ResultsError(f"{result_path} is missing: a task run folder holds result.json beside pred/")
+    with open(result_path) as f:
+        result = json.load(f)
+    ctx = result.get("context", {})
+    cfg = ctx.get("config", {})
+    benchmark = cfg.get("name", "?")
+    out = []
+    for row in result.get("rows", []):
+        path = os.path.join(pred, row["branch"], row["dataset"] + ".jsonl")
+        if not os.path.isfile(path):
+            continue  # a shard in progress that has not reached this branch's file yet
+        ident = {
+            "benchmark": benchmark,
+            "method": row["method"],
+            "params": row.get("params", {}),
+            "setting": row.get("setting", ""),
+            "kept": kept_of(row.get("setting", "")),
+            "protocol": row.get("protocol", cfg.get("protocol")),
+            "preset": row.get("preset", cfg.get("preset")),
+            "decode_rule": row.get("decode_rule", cfg.get("decode_rule")),
+            "model": ctx.get("model_id", cfg.get("model")),
+            "shard": cfg.get("shard", ""),
+        }
+        with open(path) as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break  # a shard in progress writing its last line
+                if not line.strip():
+                    continue
+                r = json.loads(line)
+                gold = r.get("gold", {})
+                task, length = gold.get("task"), gold.get("length")
+                if task is None:  # LongBench, LongEval, ...: the dataset is the task
+                    task, length = row["dataset"], None
+                rec = {"benchmark": benchmark, "task": task, "length": length, "sample": str(r["id"])}
+                rec.update(ident)
+                rec.update({k: v for k, v in r.items() if k != "id"})
+                out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+def _gzip_bytes(text):
+    """gzip of `text` with no timestamp or name: the same records give the same bytes."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="", compresslevel=9) as g:
+        g.write(text.encode("utf-8"))
+    return buf.getvalue()
+
+
+def write_atomic(path, data):
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def sort_key(rec):
+    kept = rec.get("kept")
+    return (rec["benchmark"], rec["task"], rec.get("length") or 0, rec["method"], -(kept if kept is not None else 2),
+            rec.get("setting", ""), _sample_key(rec["sample"]))
+
+
+def _sample_key(s):
+    return (0, int(s), "") if s.isdigit() else (1, 0, s)
+
+
+def predictions_text(records):
+    """One line per record, identity first, keys sorted after it: a stable text."""
+    lines = []
+    for rec in sorted(records, key=sort_key):
+        ordered = {k: rec.get(k) for k in IDENTITY}
+        ordered.update({k: rec[k] for k in sorted(rec) if k not in ordered})
+        lines.append(json.dumps(ordered, ensure_ascii=False, separators=(",", ":")))
+    return "".join(line + "\n" for line in lines)
+
+
+def metric_items(rec):
+    """(metric, value) for each numeric field of a record (booleans as 0/1), sorted by name."""
+    for k in sorted(rec):
+        v = rec[k]
+        if k in IDENTITY or k in NOT_METRICS:
+            continue
+        if isinstance(v, bool):
+            yield k, int(v)
+        elif isinstance(v, (int, float)):
+            yield k, v
+
+
+def rows_text(records):
+    """The long table: IDENTITY columns, then metric, value (params as compact JSON)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(IDENTITY + ("metric", "value"))
+    for rec in sorted(records, key=sort_key):
+        ident = [json.dumps(rec.get(k), separators=(",", ":"), sort_keys=True) if k == "params"
+                 else ("" if rec.get(k) is None else rec.get(k)) for k in IDENTITY]
+        for metric, value in metric_items(rec):
+            w.writerow(ident + [metric, repr(float(value)) if isinstance(value, float) else value])
+    return buf.getvalue()
+
+
+def check_unique(records, where):
+    """A (benchmark, task, length, sample, method, setting, params) given twice is an error."""
+    seen = {}
+    for rec in records:
+        key = (rec["benchmark"], rec["task"], rec.get("length"), rec["sample"], rec["method"], rec.get("setting"),
+               json.dumps(rec.get("params"), sort_keys=True))
+        if key in seen and seen[key] != rec:
+            raise ResultsError(f"{where}: sample {rec['sample']} of {rec['method']} ({rec.get('setting')}) "
+                               f"{rec['task']} {rec.get('length')} appears twice with different values")
+        seen[key] = rec
+    return list(seen.values())
+
+
+def write_results(out, records, data=None, run=None):
+    """Writes a results folder (see the module's docstring); each file atomically."""
+    os.makedirs(out, exist_ok=True)
+    records = check_unique(records, out)
+    write_atomic(os.path.join(out, PREDICTIONS), _gzip_bytes(predictions_text(records)))
+    write_atomic(os.path.join(out, ROWS), _gzip_bytes(rows_text(records)))
+    if data is not None:
+        text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in data)
+        write_atomic(os.path.join(out, DATA), _gzip_bytes(text))
+    if run is not None:
+        write_atomic(os.path.join(out, RUN), (json.dumps(run, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_rows(path):
+    """The long table of a results folder as a list of dicts (value as float)."""
+    with gzip.open(os.path.join(path, ROWS), "rt", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["value"] = float(r["value"])
+    return rows
+
