@@ -136,19 +136,34 @@ void add_norm_offsets(ModelWeights& w) {
 
 }  // namespace
 
+// The models kvlab fetches by name: the GGUF a data_scripts/ script puts under
+// ${KVLAB_MODELS:-<repo>/models}/<name>/ (README, "Models").
+struct NamedModel {
+  const char* name;
+  const char* script;
+};
+constexpr NamedModel kNamedModels[] = {
+    {"smollm2-135m", "get_smollm2.sh"},
+    {"gemma3-270m", "get_gemma3_270m.sh"},
+    {"qwen2.5-coder-0.5b", "get_qwen25_coder.sh 0.5b"},
+    {"qwen2.5-coder-1.5b", "get_qwen25_coder.sh 1.5b"},
+};
+constexpr const char* kModelNames = "smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, stories260k";
+
 ModelSource resolve_model(const std::string& spec, const std::string& flag) {
   KVLAB_CHECK(!spec.empty(), "{} is required: a Hugging Face directory, a .gguf file, or one of "
-              "the names smollm2-135m, gemma3-270m, stories260k", flag);
+              "the names {}", flag, kModelNames);
   ModelSource src;
   src.spec = spec;
   const std::string repo = KVLAB_REPO_DIR;
   const std::string name = lower(spec);
   fs::path path(spec);
   if (!fs::exists(path)) {
-    if (name == "smollm2-135m" || name == "gemma3-270m") {
-      // The GGUF a data_scripts/get_*.sh script put under ${KVLAB_MODELS:-<repo>/models}/<name>/.
+    const auto named = std::find_if(std::begin(kNamedModels), std::end(kNamedModels),
+                                    [&](const NamedModel& m) { return name == m.name; });
+    if (named != std::end(kNamedModels)) {
       const fs::path dir = fs::path(env_or("KVLAB_MODELS", repo + "/models")) / name;
-      const std::string script = name == "smollm2-135m" ? "get_smollm2.sh" : "get_gemma3_270m.sh";
+      const std::string script = named->script;
       std::vector<fs::path> found;
       if (fs::is_directory(dir))
         for (const auto& e : fs::directory_iterator(dir))
@@ -162,8 +177,7 @@ ModelSource resolve_model(const std::string& spec, const std::string& flag) {
       KVLAB_CHECK(fs::is_directory(path), "{} stories260k: {} does not exist (set KVLAB_SHARED to "
                   "the shared data folder)", flag, path.string());
     } else {
-      KVLAB_FAIL("{} '{}': no such file or directory, and not a known name (smollm2-135m, "
-                 "gemma3-270m, stories260k)", flag, spec);
+      KVLAB_FAIL("{} '{}': no such file or directory, and not a known name ({})", flag, spec, kModelNames);
     }
   }
   if (fs::is_directory(path)) {
