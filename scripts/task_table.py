@@ -21,12 +21,31 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-from kvlab.stats import mean_se  # noqa: E402  (python/ of this repository)
+from kvlab import results  # noqa: E402  (python/ of this repository)
+from kvlab.stats import mean_se  # noqa: E402
 
 
-def load_lines(path):
-    with open(path) as f:
-        return {json.loads(l)["id"]: json.loads(l) for l in f if l.strip()}
+def dataset_of(r):
+    """A record's dataset as kvlab's task commands name it: the task, with its length where it has one."""
+    return r["task"] if r.get("length") in (None, "") else f"{r['task']}_{r['length']}"
+
+
+def label(r):
+    """A branch's label, made from its fields: exact, or <method>_<setting without '='> (snapkv_ratio0.2)."""
+    return "exact" if r["method"] == "exact" else f"{r['method']}_{r.get('setting', '').replace('=', '')}"
+
+
+def branch_order(config):
+    """Sort key of records: the full cache first, then the run's methods and ratios in its config's order."""
+    methods = [m for m in str(config.get("method", "")).split(",") if m]
+    ratios = list(config.get("ratio") or [])
+
+    def key(r):
+        m = r["method"]
+        kept = r.get("kept")
+        return (m != "exact", methods.index(m) if m in methods else len(methods), m,
+                ratios.index(kept) if kept in ratios else len(ratios), r.get("setting", ""))
+    return key
 
 
 def main():
@@ -41,24 +60,32 @@ def main():
                     help="extra paired differences of --by, e.g. clustergen-h2o,exact-h2o (method names: the "
                          "branch of each setting whose label starts with the name)")
     args = ap.parse_args()
-    result = json.load(open(os.path.join(args.run, "result.json")))
-    ctx = result.get("context", {})
+    try:
+        records = results.load(args.run)
+        info = results.run_info(args.run)
+    except results.ResultsError as e:
+        sys.exit(f"task_table: {e}")
+    ctx = info.get("context", {})
     proto = ctx.get("protocol", {})
     scale = dict((kv.split(":")[0], float(kv.split(":")[1])) for kv in args.scale.split(",") if kv)
     metrics = args.metric.split(",")
-    rows = result["rows"]
-    datasets = [args.dataset] if args.dataset else sorted({r["dataset"] for r in rows})
-    # The preset is recorded per row (each method's); the context has it only in older runs.
-    presets = sorted({r["preset"] for r in rows if r.get("method") != "exact" and "preset" in r})
+    datasets = [args.dataset] if args.dataset else sorted({dataset_of(r) for r in records})
+    # The preset is recorded per record (each method's); the context has it only in older runs.
+    presets = sorted({r["preset"] for r in records if r["method"] != "exact" and r.get("preset")})
     preset = ctx.get("preset") or (",".join(presets) if presets else "?")
     print(f"run `{args.run}`: preset {preset}, protocol {proto.get('protocol', '?')}, "
           f"decode rule {proto.get('decode_rule', '?')}; sha {str(ctx.get('git_sha', ctx.get('git', '?')))[:7]}\n")
+    branch_key = branch_order(ctx.get("config", {}))
     for ds in datasets:
-        branch_rows = [r for r in rows if r["dataset"] == ds]
-        per = {}
-        for r in branch_rows:
-            path = os.path.join(args.run, "pred", r["branch"], ds + ".jsonl")
-            per[r["branch"]] = (r, load_lines(path))
+        per = {}  # label -> (branch facts, {sample: record})
+        for r in sorted((r for r in records if dataset_of(r) == ds), key=branch_key):
+            b = label(r)
+            facts, lines = per.setdefault(b, ({"setting": r.get("setting", "")}, {}))
+            lines[r["sample"]] = r
+        for b, (facts, lines) in per.items():  # a branch's means over its records, as kvlab's rows state them
+            for k in ("entries_mean", "entries_peak"):
+                xs = [float(x[k]) for x in lines.values() if k in x]
+                facts[k] = sum(xs) / len(xs) if xs else float("nan")
         ids = sorted(set.intersection(*[set(l.keys()) for _, l in per.values()]))
         print(f"dataset {ds}: {len(ids)} records\n")
         # mem *: entries right after compression (the budget) more than 1% from the setting's median,

@@ -141,13 +141,17 @@ def from_task_run(run):
                 if not line.strip():
                     continue
                 r = json.loads(line)
-                gold = r.get("gold", {})
+                # RULER and NIAH name a dataset <task>_<length> and their gold records carry both; elsewhere
+                # (LongBench's gold "length" counts the record's words) the dataset is the task
+                gold = r.get("gold") if isinstance(r.get("gold"), dict) else {}
                 task, length = gold.get("task"), gold.get("length")
-                if task is None:  # LongBench, LongEval, ...: the dataset is the task
+                if task is None or length is None or f"{task}_{length}" != row["dataset"]:
                     task, length = row["dataset"], None
                 rec = {"benchmark": benchmark, "task": task, "length": length, "sample": str(r["id"])}
                 rec.update(ident)
-                rec.update({k: v for k, v in r.items() if k != "id"})
+                for k, v in r.items():  # a field named like an identity field keeps its value as record_<name>
+                    if k != "id":
+                        rec[f"record_{k}" if k in IDENTITY else k] = v
                 out.append(rec)
     return out
 

@@ -4,9 +4,10 @@
 1. every committed results folder is what its writer would write: rows.csv.gz is exactly the long
    table derived from predictions.jsonl.gz, both byte-identical to a fresh write (sorted, no
    timestamp), and no identity repeats;
-2. a committed table is rebuilt from committed data: `scripts/ruler_table.py results/ruler_context`
+2. committed tables are rebuilt from committed data: `scripts/ruler_table.py results/ruler_context`
    prints exactly tests/fixtures/tables/ruler_context.md, which the pre-conversion script
-   (1fb1bf58) printed from the step's legacy shards;
+   (1fb1bf58) printed from the step's legacy shards, and `scripts/task_table.py
+   results/longbench_context` the LongBench table the same script printed from the merged run;
 3. the writer on hand-made records: a round trip, a repeated identity with other values refused, a
    truncated last line (a killed writer) read up to it, a legacy run folder read without parsing
    its paths (a branch folder named against its rows does not change the method).
@@ -57,6 +58,18 @@ with open(os.path.join(ROOT, "tests", "fixtures", "tables", "ruler_context.md"),
     want = f.read()
 check(rc == 0 and out == want, "ruler_table.py on results/ruler_context prints the table the legacy shards gave", out)
 
+# ... and a LongBench table (the first line names the folder read; the rest must match)
+run = script_runner(ROOT, "task_table.py")
+rc, out = run(os.path.join(ROOT, "results", "longbench_context"), "--dataset", "multi_news", "--by", "score")
+with open(os.path.join(ROOT, "tests", "fixtures", "tables", "longbench_context_multi_news.md"), encoding="utf-8") as f:
+    want = f.read()
+check(rc == 0 and out.split("\n", 1)[1] == want.split("\n", 1)[1],
+      "task_table.py on results/longbench_context prints the table the merged run gave", out)
+# LongBench's own "length" (words) is kept as record_length; the export gives eval.py its fields back
+recs = results.load(os.path.join(ROOT, "results", "longbench_context"))
+check(all(r["length"] is None and isinstance(r.get("record_length"), int) for r in recs),
+      "LongBench records: no task length, the record's word count as record_length")
+
 # 3. the writer
 with tempfile.TemporaryDirectory() as d:
     base = {"benchmark": "ruler", "task": "vt", "length": 1024, "method": "snapkv", "params": {"window": 32},
@@ -89,9 +102,9 @@ with tempfile.TemporaryDirectory() as d:
     os.makedirs(os.path.join(legacy, "pred", "not_a_method_name"))
     with open(os.path.join(legacy, "result.json"), "w") as f:
         json.dump({"context": {"model_id": "m", "config": {"name": "ruler", "protocol": "whole", "shard": "1/8"}},
-                   "rows": [{"branch": "not_a_method_name", "dataset": "whatever", "method": "knorm",
+                   "rows": [{"branch": "not_a_method_name", "dataset": "cwe_2048", "method": "knorm",
                              "params": {}, "setting": "ratio=0.25", "preset": "paper", "protocol": "whole"}]}, f)
-    with open(os.path.join(legacy, "pred", "not_a_method_name", "whatever.jsonl"), "w") as f:
+    with open(os.path.join(legacy, "pred", "not_a_method_name", "cwe_2048.jsonl"), "w") as f:
         f.write(json.dumps({"id": "7", "score": 1.0, "gold": {"task": "cwe", "length": 2048}}) + "\n")
     (r,) = results.load(legacy)
     check((r["method"], r["kept"], r["task"], r["length"], r["sample"], r["shard"]) == ("knorm", 0.25, "cwe", 2048, "7", "1/8"),
