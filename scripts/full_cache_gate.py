@@ -32,7 +32,8 @@ def gate(records, floor, level):
         xs = list(by_sample.values())
         ci = stats.diff_interval(xs, level)
         lo = ci.lo if ci.lo == ci.lo else ci.mean  # one sample, or all equal: the mean bounds itself
-        out.append((bench, task, length, len(xs), ci.mean, lo, ci.hi if ci.hi == ci.hi else ci.mean, ci.mean >= floor))
+        out.append((bench, task, length, len(xs), ci.mean, lo, ci.hi if ci.hi == ci.hi else ci.mean,
+                    ci.mean >= floor - 1e-9))  # a mean of exactly the floor, summed in floating point
     return out
 
 
