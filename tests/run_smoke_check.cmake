@@ -57,3 +57,26 @@ kvlab_run(FALSE log "${WORK}/bad_step_key.json")
 if(NOT log MATCHES "tokns")
   message(FATAL_ERROR "unknown step config key: message does not name it:\n${log}")
 endif()
+
+# 4. A capture step never replaces a file kvlab did not make (issue 50: a synth step aimed at a user's
+#    file replaced it, exit 0): refused, the file untouched; with "overwrite": true in its config it may.
+file(WRITE "${WORK}/users_file.jsonl" "a user's data, not a capture\n")
+file(WRITE "${WORK}/clobber.json"
+     [=[{"steps": [{"command": "synth", "config": {"out": "users_file.jsonl", "kind": "random", "tokens": 64,
+        "queries": 8, "layers": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 8, "seed": 0}}]}]=])
+kvlab_run(FALSE log "${WORK}/clobber.json")
+file(READ "${WORK}/users_file.jsonl" after)
+if(NOT after STREQUAL "a user's data, not a capture\n")
+  message(FATAL_ERROR "a synth step replaced a file it did not make:\n${log}")
+endif()
+if(NOT log MATCHES "overwrite")
+  message(FATAL_ERROR "the refusal does not say how to replace the file (overwrite):\n${log}")
+endif()
+file(WRITE "${WORK}/clobber_ok.json"
+     [=[{"steps": [{"command": "synth", "config": {"out": "users_file.jsonl", "overwrite": true, "kind": "random",
+        "tokens": 64, "queries": 8, "layers": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 8, "seed": 0}}]}]=])
+kvlab_run(TRUE log "${WORK}/clobber_ok.json")
+file(READ "${WORK}/users_file.jsonl" after)
+if(after STREQUAL "a user's data, not a capture\n")
+  message(FATAL_ERROR "\"overwrite\": true in the step's config did not replace the file:\n${log}")
+endif()

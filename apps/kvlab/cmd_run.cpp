@@ -191,16 +191,20 @@ std::vector<std::string> command_words(const std::string& command) {
   return words;
 }
 
-// Capture steps replace their own output (the run re-makes it when its config changed).
+std::string sidecar_path(const std::string& out) { return out + ".config.json"; }
+
+// Capture steps replace their own output (the run re-makes it when its config changed): only a file
+// an earlier run made, which its sidecar records. Any other file at `out` is left to the command,
+// which refuses it unless the step's config says "overwrite" (as the command run directly does).
 std::vector<std::string> step_argv(const std::string& exe, const Step& s) {
   std::vector<std::string> argv = {exe, "--threads", std::to_string(threads())};
   for (const auto& w : command_words(s.command)) argv.push_back(w);
   for (const auto& a : {std::string("--config"), s.config_file}) argv.push_back(a);
-  if (kCachedCommands.count(s.command)) argv.push_back("--overwrite");
+  if (kCachedCommands.count(s.command) && s.effective.contains("out") && s.effective["out"].is_string() &&
+      fs::exists(sidecar_path(s.effective["out"].get<std::string>())))
+    argv.push_back("--overwrite");
   return argv;
 }
-
-std::string sidecar_path(const std::string& out) { return out + ".config.json"; }
 std::string config_sha(const nlohmann::json& effective) { return sha256_hex(effective.dump()); }
 
 // Whether a capture step is done, decided from its output's own content: the sidecar records the
