@@ -60,6 +60,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvlab.outputs import OutputError, check_output  # noqa: E402  (python/kvlab, beside this file)
+
 PROG = "kvlab_capture.py"
 CAPTURE_VERSION = 2  # kCaptureVersion in lib/kvlab/io/capture.h
 # CaptureLimits (lib/kvlab/io/capture.h): the reader refuses more.
@@ -477,14 +480,11 @@ def capture(args):
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         raise CaptureError(f"--device: expected cpu, cuda or cuda:N, got '{args.device}'")
     out = args.out
-    if os.path.isdir(out):
-        raise CaptureError(f"--out {out}: is a directory")
-    if os.path.exists(out) and not args.overwrite:
-        raise CaptureError(f"--out {out} exists; pass --overwrite to replace it")
     path, gguf = resolve_model(args.model, args.gguf_file)
-    inputs = [os.path.join(path, gguf) if gguf else path, args.text_file]
-    if any(p and os.path.exists(p) and os.path.realpath(p) == os.path.realpath(out) for p in inputs):
-        raise CaptureError(f"--out {out} is one of the inputs")
+    try:  # never over an input (every file of a model directory), even with --overwrite
+        check_output(out, args.overwrite, [os.path.join(path, gguf) if gguf else path, args.model, args.text_file])
+    except OutputError as e:
+        raise CaptureError(str(e))
     if os.path.exists(out + ".partial"):
         os.remove(out + ".partial")
         note(f"removed {out}.partial, left by an interrupted run")

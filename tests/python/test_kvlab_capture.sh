@@ -80,6 +80,17 @@ grep -q "exists; pass --overwrite" "$TMP/py_float32.h5.log" || { cat "$TMP/py_fl
 [ "$(cksum <"$TMP/py_float32.h5")" = "$before" ] || fail "the refused run changed --out"
 [ ! -e "$TMP/py_float32.h5.partial" ] || fail "a .partial file was left behind"
 echo "ok: an existing --out is refused without --overwrite"
+# a file of the model directory it reads is never written, even with --overwrite (issue 50: --out
+# <model dir>/model.safetensors --overwrite replaced the weights)
+mkdir "$TMP/modeldir" && cp "$GGUF" "$TMP/modeldir/m.gguf" && echo '{"weights": "stand-in"}' >"$TMP/modeldir/model.safetensors"
+before=$(cksum <"$TMP/modeldir/model.safetensors")
+if "$PY" "$SCRIPT" --model "$TMP/modeldir" --gguf-file m.gguf --prompt-ids "$IDS" --layers 0 --threads 1 \
+    --out "$TMP/modeldir/model.safetensors" --overwrite >"$TMP/own.log" 2>&1; then
+  fail "kvlab_capture.py wrote over a file of the model directory it reads"
+fi
+grep -q "is one of the inputs" "$TMP/own.log" || { cat "$TMP/own.log"; fail "no refusal naming the inputs"; }
+[ "$(cksum <"$TMP/modeldir/model.safetensors")" = "$before" ] || fail "the refused run changed the model's file"
+echo "ok: --out at a file of the model it reads is refused, even with --overwrite"
 
 # (c) kvlab inspect accepts it
 "$KVLAB" inspect "$TMP/py_float32.h5" >"$TMP/inspect.log" 2>&1 || { cat "$TMP/inspect.log"; fail "kvlab inspect"; }
