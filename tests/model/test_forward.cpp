@@ -11,6 +11,9 @@
 //   * sliding-window attention (issue 24): causal_gqa_attention with a window == a naive loop;
 //     tiny mistral (window 8) and qwen2 (use_sliding_window, layer 1 only) on 40-token prompts ==
 //     transformers (logits, q/k/v, 8 greedy ids decoded through the cache)
+//   * Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF == transformers on the same GGUF (issue 48,
+//     tests/fixtures/qwen25_golden/{long,chat,code}, data_scripts/make_qwen25_golden.py): tokenizer
+//     and chat template, the checks above on a 768-token, a chat and a code prompt, 16 greedy ids
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/core/check.h"
@@ -372,7 +375,7 @@ TEST_CASE("model_config: architectures, defaults and errors") {
   CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
                        doctest::Contains("partial_rotary_factor 0.75 is not supported"), Error);
   CHECK_THROWS_WITH_AS(resolve_model("no-such-model"),
-                       doctest::Contains("not a known name (smollm2-135m, gemma3-270m, stories260k)"), Error);
+                       doctest::Contains("not a known name (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, stories260k)"), Error);
   CHECK_THROWS_WITH_AS(parse_compute_dtype("int8"), doctest::Contains("--dtype 'int8'"), Error);
 }
 
@@ -621,4 +624,75 @@ TEST_CASE("Gemma-3-270M GGUF matches transformers (golden file)" * doctest::skip
   go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
   go.stop_at_eos = false;
   CHECK(generate_greedy(m, ids, attn, go) == meta["greedy_ids"].get<std::vector<int64_t>>());
+}
+
+TEST_CASE("Qwen2.5-Coder-0.5B GGUF matches transformers (golden file)" * doctest::skip() *
+          doctest::timeout(1200)) {
+  // issue 48: tests/fixtures/qwen25_golden/{long,chat,code} from data_scripts/make_qwen25_golden.py
+  // (transformers reads the same Q4_K_M GGUF and dequantizes it to float32). qwen2: q/k/v biases,
+  // RoPE base 1e6, tied embeddings, 151936-token byte-level BPE. Prompts: 768 tokens of an essay,
+  // a system + user conversation through the model's chat template, a Python snippet. CTest test
+  // `test_model_qwen25` (labels model;slow) runs it with --no-skip; needs the GGUF from
+  // data_scripts/get_qwen25_coder.sh 0.5b.
+  const std::string gguf = model_gguf("qwen2.5-coder-0.5b");
+  if (gguf.empty()) {
+    MESSAGE("skipped: no Qwen2.5-Coder-0.5B GGUF under models/qwen2.5-coder-0.5b "
+            "(run data_scripts/get_qwen25_coder.sh 0.5b)");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model m = load_model(gguf);
+  REQUIRE(m.config.architecture == "qwen2");
+  REQUIRE(m.config.n_layers == 24);
+  REQUIRE(m.config.n_q_heads == 14);
+  REQUIRE(m.config.n_kv_heads == 2);
+  REQUIRE(m.config.head_dim == 64);
+  CHECK(m.config.qkv_bias);
+  CHECK(m.config.rope_theta == 1000000.0);
+  CHECK(m.config.sliding_window == 0);
+  Tokenizer tok = load_model_tokenizer(m.source);
+
+  for (const std::string prompt : {"long", "chat", "code"}) {
+    INFO("prompt " << prompt);
+    Golden g(test::fixtures_dir() + "/qwen25_golden/" + prompt);
+    const nlohmann::json& meta = g.meta;
+    REQUIRE(meta["n_q_heads"].get<int64_t>() == m.config.n_q_heads);
+    REQUIRE(meta["head_dim"].get<int64_t>() == m.config.head_dim);
+
+    // The tokenizer (the GGUF's vocabulary; Qwen adds no BOS) against transformers' on the same text.
+    const std::string text = meta["text"].get<std::string>();
+    CHECK(tok.encode(text, /*add_bos=*/true) == meta["text_ids"].get<std::vector<int64_t>>());
+    if (prompt == "chat") {
+      // The chat template kvlab picks for this GGUF (`--chat-template auto`) renders as the model's
+      // Jinja template does, for a conversation with a system message.
+      std::vector<ChatMessage> msgs;
+      for (const auto& msg : meta["messages"])
+        msgs.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+      CHECK(apply_model_chat_messages("auto", m.source, tok, msgs) == text);
+      // Without one, Qwen2.5's template adds "You are Qwen, created by Alibaba Cloud. You are a
+      // helpful assistant." (kvlab read the template as qwen2's and added Qwen2's prompt before 2.5's).
+      const std::string ours = apply_model_chat_template("auto", m.source, tok, msgs.back().content);
+      CHECK_MESSAGE(ours == meta["text_default_system"].get<std::string>(),
+                    "kvlab's default system prompt for Qwen2.5 differs from the model's template: " << ours);
+    }
+
+    const auto ids = meta["token_ids"].get<std::vector<int64_t>>();
+    const int64_t T = static_cast<int64_t>(ids.size());
+    ExactAttention attn(m.config.n_layers);
+    // Argmax and top-k logits at every position, q/k/v of layers 0 and 23 at the sliced positions.
+    at::Tensor logits = check_golden_forward(m, g, attn, "Qwen2.5-Coder-0.5B " + prompt);  // [T, vocab]
+    if (g.tensors.find("logits_last") != nullptr) {
+      at::Tensor ref = g.get("logits_last");
+      const double d_last = max_abs(logits.select(0, T - 1), ref);
+      const double rel = d_last / ref.abs().max().item<double>();
+      MESSAGE("Qwen2.5-Coder-0.5B " << prompt << " logits: max abs diff, full vocab (last position) = "
+              << d_last << " (" << rel << " of the largest |logit|)");
+      CHECK(d_last <= 1e-3);
+    }
+    // Greedy ids decoded through the exact cache (EOS not special, as the golden's plain argmax).
+    GenerateOptions go;
+    go.max_new_tokens = static_cast<int64_t>(meta["greedy_ids"].size());
+    go.stop_at_eos = false;
+    CHECK(generate_greedy(m, ids, attn, go) == meta["greedy_ids"].get<std::vector<int64_t>>());
+  }
 }
