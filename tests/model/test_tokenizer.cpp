@@ -307,10 +307,20 @@ TEST_CASE("chat templates") {
       "'<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
       "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + ...";
   CHECK(kvlab::detect_chat_template(smol_jinja) == "smollm2");
+  // Qwen2.5's default system prompt contains Qwen2's: the longer one wins (it was read as qwen2).
+  const std::string qwen25_jinja =
+      "{%- else %}{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+      "assistant.<|im_end|>\\n' }}{%- endif %}";
+  CHECK(kvlab::detect_chat_template(qwen25_jinja) == "qwen2.5");
+  CHECK(kvlab::detect_chat_template("<|im_start|>system\\nYou are a helpful assistant.<|im_end|>") == "qwen2");
+  CHECK(apply_chat_template("qwen2.5", user, true) ==
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n");
   const Tokenizer smol = Tokenizer::from_file(shared("tokenizers/smollm2/tokenizer.json"));
   const Tokenizer llama = Tokenizer::from_file(shared("tokenizers/llama2/tokenizer.json"));
   CHECK(kvlab::resolve_chat_template("auto", {&smol, "", ""}) == "chatml");
   CHECK(kvlab::resolve_chat_template("auto", {&smol, "SmolLM2-135M-Instruct", ""}) == "smollm2");
+  CHECK(kvlab::resolve_chat_template("auto", {&smol, "Qwen2.5-Coder-0.5B-Instruct", ""}) == "qwen2.5");
   CHECK(kvlab::resolve_chat_template("auto", {&llama, "stories260K", ""}) == "none");
   CHECK(kvlab::resolve_chat_template("auto", {&llama, "longchat-7b-v1.5-32k", ""}) == "vicuna");
   CHECK(kvlab::resolve_chat_template("auto", {&llama, "Llama-2-7b-chat-hf", ""}) == "llama2");

@@ -16,6 +16,8 @@ namespace {
 
 const char* const kSmolLM2System = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 const char* const kQwen2System = "You are a helpful assistant.";
+// Qwen2.5's templates (Instruct and Coder-Instruct) hold this one, which contains Qwen2's: test it first.
+const char* const kQwen25System = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 const char* const kVicunaSystem =
     "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
     "helpful, detailed, and polite answers to the user's questions.";
@@ -128,7 +130,7 @@ std::string lower(std::string s) {
 }  // namespace
 
 const std::vector<std::string>& chat_template_names() {
-  static const std::vector<std::string> names = {"chatml", "smollm2", "qwen2", "llama3",
+  static const std::vector<std::string> names = {"chatml", "smollm2", "qwen2", "qwen2.5", "llama3",
                                                  "llama2", "vicuna",  "none"};
   return names;
 }
@@ -140,6 +142,7 @@ std::string apply_chat_template(const std::string& name, const std::vector<ChatM
   if (name == "chatml") return chatml(msgs, add_generation_prompt, nullptr);
   if (name == "smollm2") return chatml(msgs, add_generation_prompt, kSmolLM2System);
   if (name == "qwen2") return chatml(msgs, add_generation_prompt, kQwen2System);
+  if (name == "qwen2.5") return chatml(msgs, add_generation_prompt, kQwen25System);
   if (name == "llama3") return llama3(msgs, add_generation_prompt);
   if (name == "llama2") return llama2(msgs);
   if (name == "vicuna") return vicuna(msgs, add_generation_prompt);
@@ -150,6 +153,7 @@ std::string detect_chat_template(std::string_view jinja) {
   auto has = [&](std::string_view s) { return jinja.find(s) != std::string_view::npos; };
   if (has("<|im_start|>")) {
     if (has("SmolLM")) return "smollm2";
+    if (has(kQwen25System)) return "qwen2.5";
     if (has(kQwen2System)) return "qwen2";
     return "chatml";
   }
@@ -165,6 +169,7 @@ std::string resolve_chat_template(const std::string& flag, const ChatTemplateHin
   const std::string model = lower(hints.model_name);
   auto has = [&](const char* s) { return model.find(s) != std::string::npos; };
   if (has("smollm")) return "smollm2";
+  if (has("qwen2.5") || has("qwen2_5") || has("qwen-2.5")) return "qwen2.5";
   if (has("qwen")) return "qwen2";
   if (has("longchat") || has("vicuna")) return "vicuna";
   if ((has("llama-3") || has("llama3")) && has("instruct")) return "llama3";
