@@ -3,7 +3,7 @@
 
 Written from the paper (Han et al., "BalanceKV: KV Cache Compression through Discrepancy
 Theory", arXiv:2502.07861, §4: blocks of b, zero padding, sign assignment per block in parallel,
-strictly n/2 kept, T iterations), METHODS.md §3 (balancekv) and the official release
+strictly n/2 kept, T iterations), docs/methods.md §3 (balancekv) and the official release
 (github.com/ksheth96/BalanceKV, src/balanced_walk.py `balanced_walk`), NOT from kvlab's C++.
 
 One round, per KV head, over the m current survivors (in ascending original position):
@@ -331,7 +331,7 @@ def main():
 
     doc = {
         "about": "BalanceKV practical halving golden, from data_scripts/balancekv_reference.py "
-                 "(numpy float64, written from the paper §4, METHODS.md §3 and the release's "
+                 "(numpy float64, written from the paper §4, docs/methods.md §3 and the release's "
                  "src/balanced_walk.py balanced_walk). Regenerate with that script.",
         "format": {
             "keys": "key_int * key_scale, [n_kv_heads, n, head_dim]",

@@ -77,12 +77,12 @@ def main():
                  f"`{cap.get('source_dataset', '?')}` sample 0; evaluation queries {cfg.get('eval_queries', cfg.get('queries'))}, first "
                  f"{cfg.get('keep_first')} / last {cfg.get('keep_last')} tokens exact, "
                  f"{agg['overall'][0]['n_seeds']} seeds. Relative error ‖z − Attn‖/‖Attn‖ "
-                 "(METHODS.md §2), mean ± std over seeds of the per-seed mean over KV heads and queries. "
+                 "(docs/methods.md §2), mean ± std over seeds of the per-seed mean over KV heads and queries. "
                  "Layers are 1-based as in the paper; 'all' = all 30 layers.\n")
     if rel_agg is not None:
         rpath = os.path.relpath(find_result(a.release), os.path.dirname(a.out) if a.out else ".")
         lines.append("Two BalanceKV estimators: **BalanceKV** is kvlab's default (each kept entry carries bias "
-                     "log w, its accumulated weight, in numerator and denominator; METHODS.md §3); **BalanceKV "
+                     "log w, its accumulated weight, in numerator and denominator; docs/methods.md §3); **BalanceKV "
                      "(release)** is the release notebook's (`release_weights=true`: kept values scaled by w/2^T, "
                      f"log 2^T added to every compressed logit), from [{rpath}]({rpath}). The release notebook "
                      "(src/single_layer_approx.ipynb), which produced the paper's Fig. 2, uses the release form.\n")

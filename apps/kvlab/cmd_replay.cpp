@@ -1,5 +1,5 @@
 // kvlab replay: replays captured q/k/v through compressors and measures single-layer error
-// against exact attention (METHODS.md §2, §4). Rows go to result.json as they are produced.
+// against exact attention (docs/methods.md §2, §4). Rows go to result.json as they are produced.
 //
 // Resume: after each (sample, layer) unit, result.json is rewritten with every row so far and
 // "complete": false. A run into the same --out with the same config (as RunDir checks) picks up
@@ -78,7 +78,7 @@ struct ReplayOptions {
     f.add("layers", layers, "layers: all (captured) | 0,1,4 | 0-3");
     f.add("heads", heads, "KV heads: all | 0,2");
     f.add("samples", samples, "samples: all | 0,1");
-    f.add("seeds", seeds, "number of seeds, taken from METHODS.md §4's list (42, 7, 8, 17, ...)");
+    f.add("seeds", seeds, "number of seeds, taken from docs/methods.md §4's list (42, 7, 8, 17, ...)");
     f.add("seed_list", seed_list, "explicit seeds (instead of --seeds)");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");

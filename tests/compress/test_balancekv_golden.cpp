@@ -1,6 +1,6 @@
 // balancekv: kvlab's practical halving against an independent golden. The golden
 // (tests/fixtures/balancekv_golden/golden.json) comes from data_scripts/balancekv_reference.py, a
-// numpy float64 re-implementation written from the paper (§4), METHODS.md §3 and the release's
+// numpy float64 re-implementation written from the paper (§4), docs/methods.md §3 and the release's
 // src/balanced_walk.py `balanced_walk` (and checked there against a line-by-line transliteration
 // of it), not from kvlab's code. The reference's uniforms are fed to kvlab through the
 // balancekv::halve(…, UniformSource) seam, so the two must select the same tokens exactly.

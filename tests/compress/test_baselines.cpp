@@ -1,6 +1,6 @@
 // Tests of the baseline compressors: uniform, uniform-halving, streaming_llm, local, h2o, snapkv,
 // pyramidkv, cam. Selections are checked against naive double-loop references written here from
-// METHODS.md §3, independently of the library code.
+// docs/methods.md §3, independently of the library code.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Metrics of METHODS.md §2 against direct per-query computations.
+// Metrics of docs/methods.md §2 against direct per-query computations.
 #include <doctest/doctest.h>
 
 #include <ATen/ATen.h>

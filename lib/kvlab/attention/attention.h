@@ -1,4 +1,4 @@
-// Exact attention and attention over a compressed cache (METHODS.md §1 "Compressed cache").
+// Exact attention and attention over a compressed cache (docs/methods.md §1 "Compressed cache").
 //
 //   z = Σ_{i∈num} exp(s_i + b_i) v_i / Σ_{i∈den} exp(s'_i + b'_i),   s_i = q·k_i · scale
 //

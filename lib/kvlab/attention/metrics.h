@@ -1,4 +1,4 @@
-// Single-layer error metrics of METHODS.md §2, accumulated in double.
+// Single-layer error metrics of docs/methods.md §2, accumulated in double.
 // All per-query quantities use causal attention: query j (absolute position p_j) sees keys ≤ p_j.
 #pragma once
 

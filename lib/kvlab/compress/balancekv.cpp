@@ -20,7 +20,7 @@
 // round, batched over blocks as the release does. The walk's sequential signs are the method.
 //
 // Estimator. Default: each kept entry carries bias log(w), w its accumulated weight, in both the
-// numerator and the denominator (METHODS.md §3). `release_weights=true` gives the single-layer
+// numerator and the denominator (docs/methods.md §3). `release_weights=true` gives the single-layer
 // notebook's form: it repeats every kept key 2^T times (so log 2^T on every compressed logit, in
 // the numerator and the denominator) and scales the kept values by w/2^T (numerator only). With
 // the CompressedKV fields that is exactly: values × w/2^T, bias log 2^T — no separate denominator
@@ -283,7 +283,7 @@ std::unique_ptr<Compressor> make_balancekv(const nlohmann::json& params) {
 }
 
 // Preset "paper": the release's LongBench run (ksheth96/BalanceKV run_longbench.py and
-// balancekv_press.py; METHODS.md §3): 32 sink + 32 recent tokens exact (harness-kept, inside the
+// balancekv_press.py; docs/methods.md §3): 32 sink + 32 recent tokens exact (harness-kept, inside the
 // budget), T = 2, block 128, temp 1.0, γ 4, the release's estimator weights off (kvlab's per-entry
 // log w; see Estimator). The sinks matter: without them the walk's first-token-is-+1 rule drops
 // or reweights the attention sink (issue 21: replay rel_err 0.494 -> 0.141 with 32 sinks).

@@ -64,12 +64,12 @@
 //   softmax taken over every key the query sees (sinks + region + tail), summed over the KV group's query heads (`gqa_reduce`, default
 //   sum as in the official code; mean gives the same argmax). The region is appended as one
 //   prefill block, as the official code does (it passes the whole prompt in one forward call);
-//   the official code then evicts once per call, kvlab repeats as Remark 2 and METHODS.md say.
+//   the official code then evicts once per call, kvlab repeats as Remark 2 and docs/methods.md §3 say.
 // - Theorem 3.1. The appendix proof swaps the odd/even cases of the main text and writes the
 //   recurrence as ⌊2a/ŝ⌋ + ⌊(T − a)/s⌋; the algorithm's actual count after a streaming eviction
 //   is ⌈a/ŝ⌉ + ⌈(T + 1 − a)/s⌉ (buzz_old_after_eviction), whose fixed point (T + 1)/ρ equals w
 //   exactly for the main text's ρ (s odd: (s² + 1)/(s + 1), s even: s − 1). kvlab uses the main
-//   text (= METHODS.md) and tests the steady state of the streaming state against it.
+//   text (= docs/methods.md §3) and tests the steady state of the streaming state against it.
 // - GQA: the official code assumes MHA (per-head scores, `_de_repeat_q` commented out); kvlab
 //   scores per KV head with its group's query heads and never repeats K/V.
 // - Remark 2's repetitions thin old samples only (no new tokens remain), so s_old must be >= 2:
@@ -80,7 +80,7 @@
 //   (pos0 + n without queries). One scalar per layer, not per query. No clamp below n = 512, as in
 //   Eq. 7. When the budget keeps everything (no eviction), the scale is 1 so that ratio 1
 //   reproduces exact attention.
-// - window/threshold default to "auto" (chosen from the budget as above); METHODS.md's official
+// - window/threshold default to "auto" (chosen from the budget as above); docs/methods.md §3's official
 //   values w = 160, T = 400 are reached by passing them explicitly.
 // - Ties inside a hive go to the earliest token (at::argmax), as torch.max does in the official code.
 #include "kvlab/compress/preset.h"

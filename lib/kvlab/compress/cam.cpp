@@ -19,7 +19,7 @@
 // draws its merge probability and adds to the next m values, which may be merged again later — a
 // chain of n dependent steps in the paper's rule, not one batch. Not within 3x of uniform.
 //
-// Attention scores A: METHODS.md §3 says "accumulated attention". In replay the queries the
+// Attention scores A: docs/methods.md §3 says "accumulated attention". In replay the queries the
 // region came with (kv.queries at kv.query_pos, possibly only the last 256 prompt positions) give
 // each key its score once, as in h2o's prefill: `cam_queries=all` sums their causal post-softmax
 // attention (group-reduced by gqa_reduce); `cam_queries=last` uses only the last query — the

@@ -1,4 +1,4 @@
-// The one interface every KV-cache compressor implements (METHODS.md §1).
+// The one interface every KV-cache compressor implements (docs/methods.md §1).
 //
 // A compressor sees one layer's compressible region (all KV heads) and returns, per KV head,
 // kept or merged entries with an additive log-weight bias. Replay calls `compress` once per

@@ -11,7 +11,7 @@
 // recent window plus the top-scoring keys (the paper splits the budget half/half). During
 // generation it evicts one token per decode step; an evicted key never returns. The per-head
 // state is `H2OCache` (h2o.h), the one implementation behind both modes below:
-//   mode=prefill (default; the official code's prompt phase and METHODS.md §3's replay rule):
+//   mode=prefill (default; the official code's prompt phase and docs/methods.md §3's replay rule):
 //     score_i = Σ_q reduce_{group}(softmax_q)_i over the selected queries, causal (a query sees
 //     keys at positions <= its own); append every token with its score, evict once.
 //   mode=stream: replays the region token by token as generation would: append token t; every

@@ -1,4 +1,4 @@
-// Presets: a named, complete setting of a method (issue 21, METHODS.md §5 "End-to-end settings").
+// Presets: a named, complete setting of a method (issue 21, docs/methods.md §5 "End-to-end settings").
 //
 //   default  the method's own parameter defaults, no exact tokens besides the method's own: what
 //            replay's single-layer studies use, and what every run used before issue 21.

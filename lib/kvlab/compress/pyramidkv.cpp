@@ -26,7 +26,7 @@
 //   - Default rounding: the exact rational budgets get largest-remainder rounding (floor, then +1
 //     to the layers with the largest fractional parts), so the total is exactly L·budget, each
 //     layer is within one of its exact value and budgets never increase with the layer
-//     (METHODS.md §3); `pyramid_floor=true` reproduces the official rounding.
+//     (docs/methods.md §3); `pyramid_floor=true` reproduces the official rounding.
 //   - A single layer's budget differs from the asked `budget` by design (only the average over
 //     layers matches); with n_layers = 1, or budget <= window, every layer gets `budget`.
 //   - As KVCache-Factory: when max would exceed n − w it is capped there and min = 2B − max.

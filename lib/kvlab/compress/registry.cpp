@@ -86,7 +86,7 @@ const std::vector<CompressorInfo>& table() {
       {"uniform", "uniformly random subset per KV head, bias log(1/ratio)",
        make_uniform, paper_preset_uniform, /*halving=*/false, /*streaming=*/false,
        {1.0, "known: random subset O(n)",
-        "known cost: a random permutation / subset of n tokens, O(n) (METHODS.md §3)"}},
+        "known cost: a random permutation / subset of n tokens, O(n) (docs/methods.md §3)"}},
       {"uniform-halving", "T random halvings (BalanceKV's baseline), bias T log 2",
        make_uniform_halving, paper_preset_uniform_halving, /*halving=*/true, /*streaming=*/false,
        {1.0, "known: T random halvings O(n)",

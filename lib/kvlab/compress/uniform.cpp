@@ -29,8 +29,8 @@
 //   - uniform-halving stops early when one token is left (⌊1/2⌋ = 0 would empty the head); its bias
 //     is then log 2 times the rounds actually done.
 //   - The release weights tokens kept from after c by ×1 and the minority before c by ×2; as
-//     METHODS.md §3 specifies, every entry here carries the uniform bias T·log 2.
-//   - `selection=signs` is the release's rule and METHODS.md §3's wording, but it is not uniform
+//     docs/methods.md §3 specifies, every entry here carries the uniform bias T·log 2.
+//   - `selection=signs` is the release's rule and docs/methods.md §3's wording, but it is not uniform
 //     over positions (token 0 always draws +1; the tokens after c fill in order): at n = 16, T = 1
 //     some tokens are kept with probability ~0.2 or ~0.8 instead of 1/2 (test_baselines prints
 //     it). The paper's "uniformly at random" baseline is `uniform` (or selection=permutation).

@@ -15,7 +15,7 @@
 
 namespace kvlab {
 
-// The 10 seeds of METHODS.md §4 (BalanceKV Fig. 2), in order.
+// The 10 seeds of docs/methods.md §4 (BalanceKV Fig. 2), in order.
 const std::vector<uint64_t>& paper_seeds();
 
 // --seeds N takes the first N of paper_seeds() (then 1000, 1001, ...); --seed-list wins if given.

@@ -1,4 +1,4 @@
-// The replay protocol (METHODS.md §4): for one (sample, layer) of a capture, compress the cache of
+// The replay protocol (docs/methods.md §4): for one (sample, layer) of a capture, compress the cache of
 // the prefix every evaluation query may see, attend with the compressed cache, and measure the §2
 // metrics against exact attention.
 //
@@ -42,7 +42,7 @@ struct ReplayProtocol {
   int64_t obs_queries = 256;              // observation window: the N captured queries just before it
   std::vector<int> kv_heads;              // empty = all
   std::string device = "cpu";
-  // --rerotate (METHODS.md §1; StreamingLLM's and BUZZ's code): kept keys are re-rotated to their
+  // --rerotate (docs/methods.md §1; StreamingLLM's and BUZZ's code): kept keys are re-rotated to their
   // in-cache positions (sinks, then the kept region entries in order, then the tail), the
   // evaluation queries moved with the tail. Selection methods only (a merged key has no position).
   bool rerotate = false;

@@ -1,4 +1,4 @@
-// LongBench (BalanceKV Table 1, Chelsea Table 2; METHODS.md §5) through compressed caches, as
+// LongBench (BalanceKV Table 1, Chelsea Table 2; docs/methods.md §5) through compressed caches, as
 // THUDM/LongBench pred.py and eval.py (commit 2e00731f) run it:
 //   prompt   dataset2prompt[dataset].format(**record); tokenized without BOS; longer than
 //            max_length -> decode(first max_length/2 ids) + decode(last max_length/2 ids); then the

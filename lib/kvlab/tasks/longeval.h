@@ -1,4 +1,4 @@
-// LongEval line retrieval (SubGen / ClusterGen Table 1; LongChat's testcases, METHODS.md §5):
+// LongEval line retrieval (SubGen / ClusterGen Table 1; LongChat's testcases, docs/methods.md §5):
 // a record of lines "line <name>: REGISTER_CONTENT is <N>", the question for one line; the model's
 // chat template, greedy decoding, 100 new tokens; the answer is the last integer in the output.
 #pragma once

@@ -1,4 +1,4 @@
-// The end-to-end protocol of a task run (issue 21; METHODS.md §5 "End-to-end settings"): how the
+// The end-to-end protocol of a task run (issue 21; docs/methods.md §5 "End-to-end settings"): how the
 // question meets the compressed cache, how memory is held while decoding, and how it is counted.
 // One named object, the same for every method of a run, recorded in result.json and printed above
 // every table.

@@ -1,4 +1,4 @@
-// XSUM summarization (BUZZ Tables 1-2, CaM; METHODS.md §5) through compressed caches: each
+// XSUM summarization (BUZZ Tables 1-2, CaM; docs/methods.md §5) through compressed caches: each
 // record's own prompt ("###\nArticle: ... Summarize the above article in 1 sentence.\n"), its own
 // stop rules (`max_tokens` new tokens, the `stop` strings), greedy decoding (the records'
 // temperature 0.3 is not used: every branch must decode the same way), scored with ROUGE-1/2/L F1
