@@ -19,7 +19,8 @@ Prints, per length, markdown tables:
   4. per ratio, the --top methods closest to the full cache by fidelity, with the paired
      difference of the task average to the full cache (mean +- SE over the same samples);
   5. with --compare A:B, per ratio, the paired difference A − B of the task average of the score
-     (e.g. chelsea:snapkv for a paper's claim), and how many SEs it is.
+     (e.g. chelsea:snapkv for a paper's claim), and how many SEs it is; with --ci instead its 95%
+     interval and its p adjusted by Holm over the table's cells (python/kvlab/stats.py).
 Standard errors: each task's sample variance over its samples (sd / sqrt(n)); the average over T
 tasks has SE sqrt(sum_t var_t / n_t) / T, and a paired difference the same over per-sample
 differences. A merged run's result.json also holds kvlab's own table of per-task scores
@@ -33,6 +34,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from kvlab import results  # noqa: E402  (python/ of this repository)
+from kvlab import stats  # noqa: E402
 from kvlab.stats import mean_se  # noqa: E402
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
@@ -185,6 +187,8 @@ def main():
     ap.add_argument("--floor", type=float, default=20.0, help="a task where the full cache scores below this is near the floor")
     ap.add_argument("--top", type=int, default=3, help="methods listed as closest to the full cache, per ratio")
     ap.add_argument("--compare", default="", help="comma-separated method pairs A:B: paired A − B per ratio")
+    ap.add_argument("--ci", action="store_true",
+                    help="--compare as 95%% intervals with Holm-adjusted p (docs/claims.md's statistics), not ± SE")
     args = ap.parse_args()
     records, protocol = load(args.runs)
     lengths = sorted({l for (_, _, l) in records})
@@ -247,6 +251,7 @@ def main():
             print(f"Paired differences of the task average (string_match_all x 100), A − B over the same samples\n")
             print("| A − B | " + " | ".join(cols) + " |")
             print("|---|" + "---|" * len(cols))
+            family, rows = [], []  # with --ci: the intervals, and each row's cells as indices into them
             for a, b in pairs:
                 cells = []
                 for k in kepts:
@@ -254,10 +259,31 @@ def main():
                     if ba not in score or bb not in score:
                         cells.append("")  # a method not run at this ratio or length
                         continue
+                    if args.ci:
+                        cells.append(len(family))
+                        family.append(interval(paired(records, ba, bb, length, tasks)))
+                        continue
                     d, se = task_average(paired(records, ba, bb, length, tasks))
                     cells.append(f"{fmt(d, se)} ({in_se(d, se)})")
-                print(f"| {a} − {b} | " + " | ".join(cells) + " |")
+                rows.append((a, b, cells))
+            if args.ci:  # one family per length: Holm over every cell of the table
+                adjusted = stats.holm([ci.p if ci.p == ci.p else 1.0 for ci in family])
+                for a, b, cells in rows:
+                    print(f"| {a} − {b} | " + " | ".join(
+                        c if c == "" else f"{family[c].mean:+.1f} [{family[c].lo:+.1f}, {family[c].hi:+.1f}], "
+                        f"Holm p {adjusted[c]:.3g}" for c in cells) + " |")
+                print(f"\n95% t intervals of the task-stratified paired difference (python/kvlab/stats.py "
+                      f"stratified_interval); p adjusted by Holm over the {len(family)} cells of this table")
+            else:
+                for a, b, cells in rows:
+                    print(f"| {a} − {b} | " + " | ".join(cells) + " |")
             print()
+
+
+def interval(per_task):
+    """The stratified interval of {task: [differences]} over the tasks with two or more samples."""
+    groups = [xs for xs in per_task.values() if len(xs) >= 2]
+    return stats.stratified_interval(groups) if groups else stats.Interval(*([float("nan")] * 7))
 
 
 if __name__ == "__main__":

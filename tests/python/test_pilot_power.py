@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/pilot_power.py on a hand-made pilot (a ctest, `pilot_power`): the task-averaged paired
 difference and its interval equal stats.stratified_interval on the same differences, and the samples
-per task for a margin follow from the pooled sd: n = ceil(n_for_margin(sd, m) / T).
+per task for a margin follow from the pooled sd: n = ceil(n_for_margin(sd, m) / T); and
+`scripts/ruler_table.py --compare A:B --ci` prints the same interval with its Holm-adjusted p.
 
   tests/python/test_pilot_power.py [repo root]
 """
@@ -22,8 +23,9 @@ miss = {"vt": [0, 1, 0, 0, 1, 1], "cwe": [0, 0, 0, 1, 0, 0]}
 with tempfile.TemporaryDirectory() as d:
     for task in ("vt", "cwe"):
         write_ruler_results(os.path.join(d, task), "context", {
-            ("exact", None): [{"id": i, "score": 1.0} for i in range(6)],
-            ("snapkv", 0.5): [{"id": i, "score": 1.0 - m} for i, m in enumerate(miss[task])]}, task=task, length=4096)
+            ("exact", None): [{"id": i, "score": 1.0, "rougeL_vs_exact": 1.0} for i in range(6)],
+            ("snapkv", 0.5): [{"id": i, "score": 1.0 - m, "rougeL_vs_exact": 1.0 - m}
+                              for i, m in enumerate(miss[task])]}, task=task, length=4096)
     rc, out = run(os.path.join(d, "vt"), os.path.join(d, "cwe"), "--margins", "20,50")
     diffs = [[-100.0 * m for m in miss["cwe"]], [-100.0 * m for m in miss["vt"]]]
     ci = stats.stratified_interval(diffs)
@@ -34,6 +36,11 @@ with tempfile.TemporaryDirectory() as d:
            f"{stats.mde_paired(sd, 12):.1f} | {n20} | {n50} |")
     expect(rc == 0 and row in out, f"the row {row}", out)
     expect(ci.mean == -100.0 * 4 / 12 and n20 > n50 >= 2, "difference -33.3, more samples for a smaller margin", out)
+    # ruler_table.py --ci: the same interval, and Holm over the table's one cell is the cell's own p
+    rc, out = script_runner(ROOT, "ruler_table.py")(os.path.join(d, "vt"), os.path.join(d, "cwe"),
+                                                    "--compare", "snapkv:exact", "--ci")
+    cell = f"| snapkv − exact | {ci.mean:+.1f} [{ci.lo:+.1f}, {ci.hi:+.1f}], Holm p {ci.p:.3g} |"
+    expect(rc == 0 and cell in out, f"ruler_table --ci prints {cell}", out)
     rc, out = run(os.path.join(d, "vt"), "--pairs", "snapkv:nosuch")
     expect(rc != 0 and "--pairs snapkv:nosuch" in out, "an unknown method in --pairs is refused by name", out)
-print("2 passed, 0 failed")
+print("3 passed, 0 failed")
