@@ -4,7 +4,9 @@
 # processes at one thread each take shards w, w + WORKERS, ...; when every shard is complete they
 # are merged into results/<step name>/<stamp>_<sha> and converted into a results folder at
 # results/<step name>/ (docs/results.md: predictions.jsonl.gz, rows.csv.gz, data.jsonl.gz, run.json).
-# A killed run resumes where it stopped.
+# A killed run resumes where it stopped; to resume on another machine, commit
+# `scripts/shards_pack.py pack results/<step name>` (results/<step name>/shards.tar.gz), which this
+# script unpacks first.
 #   scripts/ruler_shards.sh STEP [N_SHARDS] [WORKERS]     e.g. scripts/ruler_shards.sh 1 8 2
 # CONFIG=<experiment file> runs a step of another file the same way.
 # OPENBLAS_CORETYPE is unset, as for every shard so far: the environment's Haswell pin halves
@@ -46,6 +48,8 @@ if [ "$calibrate" != "-" ]; then
   echo "  python3 -c \"import json; json.dump(json.load(open('$config'))['steps'][$cal_step]['config'], open('/tmp/cal.json', 'w'))\" && $kvlab calibrate $cal_what --config /tmp/cal.json" >&2
   exit 2
 fi
+# shards in progress committed as one file (scripts/shards_pack.py): what this machine lacks of them
+if [ -f "results/$name/shards.tar.gz" ]; then python3 scripts/shards_pack.py unpack "results/$name" || exit 2; fi
 logs=${TMPDIR:-/tmp}
 worker() {
   for ((i = $1; i < n; i += workers)); do
