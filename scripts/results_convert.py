@@ -9,8 +9,9 @@ identical. --merged: the step's merged run (result.json, no pred/), whose contex
 provenance under merged_from) and kvlab's own per-task table become run.json; without it, run.json
 holds each RUN's context. data/: every RUN's data/<dataset>.jsonl must be identical (the shards of
 a step generate the same samples); one copy is kept, each line with its dataset's name.
---out may be the step's own folder (beside its README and shards); it refuses one whose results files
-hold other records, so nothing converted before is written over.
+--out may be the step's own folder (beside its README and shards); converting a step again as it
+progresses adds records, and a folder holding a record the runs do not give again is refused, so
+nothing converted before is lost.
 """
 import argparse
 import glob
@@ -62,10 +63,12 @@ def main():
     records = []
     for run in args.runs:
         records += results.from_task_run(run)
-    if results.is_results_dir(args.out):
-        old = results.load(args.out)
-        if results.predictions_text(old) != results.predictions_text(results.check_unique(records, args.out)):
-            sys.exit(f"results_convert: --out {args.out} already holds other records: choose another folder")
+    if results.is_results_dir(args.out):  # a step converted before (in progress): only more records, none changed
+        new = set(results.predictions_text(results.check_unique(records, args.out)).splitlines())
+        lost = [line for line in results.predictions_text(results.load(args.out)).splitlines() if line not in new]
+        if lost:
+            sys.exit(f"results_convert: --out {args.out} holds {len(lost)} records these runs do not give again "
+                     f"(e.g. {lost[0][:160]}...): not writing over them; choose another folder")
     run = {"format": 1, "converted_from": [os.path.normpath(r) for r in args.runs], "converted_at_commit": head_commit()}
     if args.merged:
         run.update(results.run_info(args.merged))
