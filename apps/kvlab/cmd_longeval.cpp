@@ -29,13 +29,13 @@ namespace {
 
 struct LongEvalOptions {
   TaskCommonOptions common{"longeval"};
-  std::vector<int64_t> lines = {200};
+  std::vector<int64_t> lines;  // none: 200, unless --data names the file
   std::string data_dir = "../shared/data/longeval/lines";
   std::string data;
   int64_t samples = 50;
   int64_t max_new_tokens = 100;
   void fields(FieldList& f) {
-    f.add("lines", lines, "LongChat files <data-dir>/<L>_lines.jsonl, e.g. 200,300");
+    f.add("lines", lines, "LongChat files <data-dir>/<L>_lines.jsonl, e.g. 200,300 (default 200 unless --data)");
     f.add("data_dir", data_dir, "folder of the LongChat testcase files");
     f.add("data", data, "one testcase file instead of --lines");
     f.add("samples", samples, "the first N cases of each file (-1 = all)");
@@ -45,7 +45,9 @@ struct LongEvalOptions {
   void check() const {
     KVLAB_CHECK(max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", max_new_tokens);
     KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", samples);
-    KVLAB_CHECK(!data.empty() || !lines.empty(), "give --lines (e.g. 200,300) or --data FILE");
+    // issue 50: --data with --lines ran --data alone.
+    KVLAB_CHECK(data.empty() || lines.empty(), "--data and --lines both name the testcases: give one (--data {} or "
+                "--lines {})", data, fmt::join(lines, ","));
     task_branches(common, /*need_files=*/false);
   }
 };
@@ -56,7 +58,8 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
   if (!o.data.empty()) {
     files.push_back({std::filesystem::path(o.data).stem().string(), o.data});
   } else {
-    for (int64_t l : o.lines) files.push_back({fmt::format("{}_lines", l), fmt::format("{}/{}_lines.jsonl", o.data_dir, l)});
+    for (int64_t l : o.lines.empty() ? std::vector<int64_t>{200} : o.lines)
+      files.push_back({fmt::format("{}_lines", l), fmt::format("{}/{}_lines.jsonl", o.data_dir, l)});
   }
   std::vector<std::vector<LongEvalCase>> cases;
   for (const auto& [ds, path] : files) cases.push_back(read_longeval_cases(path, o.samples));

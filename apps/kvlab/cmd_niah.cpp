@@ -49,12 +49,10 @@ struct NiahOptions {
     KVLAB_CHECK(max_new_tokens >= 1, "--max-new-tokens must be >= 1, got {}", max_new_tokens);
     KVLAB_CHECK(!lengths.empty() && !depths.empty(), "give --lengths and --depths (one value at least)");
     KVLAB_CHECK(!spec.key_phrase.empty(), "--key-phrase must not be empty");
-    for (size_t i = 0; i < lengths.size(); ++i)
-      for (size_t j = 0; j < i; ++j)
-        KVLAB_CHECK(lengths[i] != lengths[j], "--lengths: {} is listed twice (each cell is one record)", lengths[i]);
-    for (size_t i = 0; i < depths.size(); ++i)
-      for (size_t j = 0; j < i; ++j)
-        KVLAB_CHECK(depths[i] != depths[j], "--depths: {:g} is listed twice (each cell is one record)", depths[i]);
+    // issue 50: an empty needle hid nothing and an empty question asked nothing, and both ran.
+    KVLAB_CHECK(!spec.needle.empty(), "--needle must not be empty (the sentence hidden in the haystack)");
+    KVLAB_CHECK(!spec.question.empty(), "--question must not be empty (the retrieval question)");
+    // --lengths and --depths name each value once: Command::resolve checks every list flag.
     task_branches(common, /*need_files=*/false);
   }
 };

@@ -54,11 +54,21 @@ bool Command::resolve() {
                           [&](std::vector<double>* p) { for (double v : *p) finite(v); },
                           [](auto*) {}},
                f.target);
+    // Each value of a list once (issue 50: --ratio 0.5,0.5 ran one branch twice into one file).
+    std::visit(Overloaded{[&](std::vector<double>* p) { check_listed_once(f.positional ? f.key : f.flag(), *p); },
+                          [&](std::vector<int64_t>* p) { check_listed_once(f.positional ? f.key : f.flag(), *p); },
+                          [&](std::vector<std::string>* p) { check_listed_once(f.positional ? f.key : f.flag(), *p); },
+                          [](auto*) {}},
+               f.target);
   }
   for (size_t i = 0; i < fields_.fields().size(); ++i) {
     const auto& f = fields_.fields()[i];
     if (!f.required) continue;
+    // A required list (ruler eval's folders) needs one value at least (issue 50: none was SIGSEGV).
     bool empty = std::visit(Overloaded{[](std::string* p) { return p->empty(); },
+                                       [](std::vector<std::string>* p) { return p->empty(); },
+                                       [](std::vector<double>* p) { return p->empty(); },
+                                       [](std::vector<int64_t>* p) { return p->empty(); },
                                        [](auto*) { return false; }},
                             f.target);
     KVLAB_CHECK(!empty, "{} is required (or set '{}' in --config)", f.positional ? f.key : f.flag(),

@@ -1113,3 +1113,88 @@ TEST_CASE("cli: run --dry-run refuses what a step's command would refuse; files 
   std::ofstream(dir + "/niah.json") << chelsea.dump();
   check_one_error(run_kvlab("niah --config " + dir + "/niah.json"), outliers);
 }
+
+TEST_CASE("cli: the crashes, silent accepts and bad inputs of issue 50 are one short error line") {
+  auto dir = test::temp_dir("kvlab_cli_issue50");
+  const std::string tiny = test::fixtures_dir() + "/tiny_models/qwen2";  // no tokenizer: --prompt-ids
+  const std::string gen = "generate --prompt-ids 1,5,6 --max-new-tokens 2 --model ";
+  // One "error: ..." line of at most 300 characters.
+  auto short_error = [](const Result& r, const std::string& needle) {
+    check_one_error(r, needle);
+    CHECK(r.out.size() <= 301);
+  };
+  // Every line of `r` at most 300 characters.
+  auto short_lines = [](const Result& r) {
+    std::istringstream in(r.out);
+    for (std::string line; std::getline(in, line);) CHECK_MESSAGE(line.size() <= 300, line.substr(0, 400));
+  };
+  SUBCASE("ruler eval without a folder (was SIGSEGV)") {
+    std::ofstream(dir + "/empty.json") << "{}";
+    for (const std::string& args : {std::string(), " --out " + dir + "/D", " --config " + dir + "/empty.json"})
+      short_error(run_kvlab("ruler eval" + args), "dirs is required");
+    std::ofstream(dir + "/run.json") << R"({"name": "x", "steps": [{"command": "ruler eval", "config": {}}]})";
+    for (const char* flag : {"", " --dry-run"}) {
+      auto r = run_kvlab("run " + dir + "/run.json" + flag);
+      INFO(flag << ": " << r.out);
+      CHECK(r.code == 1);
+      CHECK(r.out.find("dirs is required") != std::string::npos);
+      short_lines(r);
+    }
+  }
+  SUBCASE("a config value nested 50,000 or 100,000 deep (was SIGSEGV, or a 100 KB line)") {
+    for (int depth : {50000, 100000}) {
+      const std::string path = dir + "/deep" + std::to_string(depth) + ".json";
+      std::ofstream(path) << "{\"out\":" << std::string(size_t(depth), '[') << std::string(size_t(depth), ']') << "}";
+      for (const char* command : {"synth", "generate", "ruler eval", "run"}) {
+        INFO(command << " depth " << depth);
+        short_error(run_kvlab(std::string(command) + (std::string(command) == "run" ? " " : " --config ") + path),
+                    path + ": nested deeper than 64 levels");
+      }
+    }
+  }
+  SUBCASE("a list flag naming a value twice (was one branch run twice into one file)") {
+    short_error(run_kvlab(gen + tiny + " --method h2o --ratio 0.5,0.5"), "--ratio: 0.5 is listed twice");
+    short_error(run_kvlab(gen + tiny + " --method balancekv --T 2,2"), "--T: 2 is listed twice");
+    short_error(run_kvlab("ppl --model " + tiny + " --method h2o --cache-size 16,16"), "--cache-size: 16 is listed twice");
+  }
+  SUBCASE("a method parameter given twice (was the last one used)") {
+    auto r = run_kvlab(gen + tiny + " --method snapkv --ratio 0.5 --param snapkv.window=8 --param snapkv.window=16");
+    short_error(r, "'snapkv.window=8'");
+    CHECK(r.out.find("'snapkv.window=16'") != std::string::npos);
+    // A parameter for every method and the same one scoped to one method set one value twice too.
+    r = run_kvlab(gen + tiny + " --method snapkv --ratio 0.5 --param window=8 --param snapkv.window=16");
+    short_error(r, "'window=8'");
+    CHECK(r.out.find("'snapkv.window=16'") != std::string::npos);
+  }
+  SUBCASE("a model with rms_norm_eps >= 1 or a non-finite weight (was <unk>, exit 0)") {
+    const std::string m = dir + "/m";
+    fs::create_directories(m);
+    for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(tiny + "/" + f, m + "/" + f);
+    CHECK(run_kvlab(gen + m).code == 0);
+    nlohmann::json cfg = read_json_file(m + "/config.json");
+    const nlohmann::json good = cfg;
+    cfg["rms_norm_eps"] = 2.0;
+    std::ofstream(m + "/config.json", std::ios::trunc) << cfg.dump();
+    short_error(run_kvlab(gen + m), "key 'rms_norm_eps' must be in (0, 1), found 2");
+    std::ofstream(m + "/config.json", std::ios::trunc) << good.dump();
+    std::fstream st(m + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    st.read(reinterpret_cast<char*>(&header_len), 8);
+    std::string header(header_len, '\0');
+    st.read(header.data(), std::streamsize(header_len));
+    const auto h = nlohmann::json::parse(header);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    st.seekp(std::streamoff(8 + header_len + h["model.norm.weight"]["data_offsets"][0].get<uint64_t>()));
+    st.write(reinterpret_cast<const char*>(&nan), 4);
+    st.close();
+    short_error(run_kvlab(gen + m), "tensor 'model.norm.weight' holds a NaN or Inf value");
+  }
+  SUBCASE("longeval --data with --lines, and NIAH's empty --needle or --question (were accepted)") {
+    std::ofstream(dir + "/cases.jsonl") << "";
+    for (const char* lines : {"300", "200"})
+      short_error(run_kvlab("longeval --model " + tiny + " --data " + dir + "/cases.jsonl --lines " + lines),
+                  "--data and --lines");
+    short_error(run_kvlab("niah --model " + tiny + " --needle ''"), "--needle must not be empty");
+    short_error(run_kvlab("niah --model " + tiny + " --question ''"), "--question must not be empty");
+  }
+}

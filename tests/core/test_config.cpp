@@ -42,6 +42,30 @@ TEST_CASE("config files: unknown keys and wrong types are errors naming the key"
   CHECK_THROWS_WITH_AS(read_json_file(dir + "/bad.json"), doctest::Contains("invalid JSON"), Error);
 }
 
+TEST_CASE("config files: a value nested deeper than 64 is one short error naming the file (issue 50)") {
+  // Before: 100,000 nested arrays overflowed the stack (SIGSEGV) in every command reading a
+  // --config; 50,000 gave a 100 KB error line.
+  auto dir = test::temp_dir("cfg_deep");
+  auto nested = [&](const std::string& name, int depth) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << "{\"a\":" << std::string(size_t(depth), '[') << std::string(size_t(depth), ']') << "}";
+    return path;
+  };
+  CHECK(read_json_file(nested("ok.json", 63)).is_object());  // 64 levels with the top object
+  for (int depth : {64, 50000, 100000}) {
+    const std::string path = nested("deep" + std::to_string(depth) + ".json", depth);
+    std::string msg;
+    try {
+      read_json_file(path);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    INFO("depth " << depth << ": " << msg.substr(0, 400));
+    CHECK(msg.find(path + ": nested deeper than 64 levels") != std::string::npos);
+    CHECK(msg.size() < 300);
+  }
+}
+
 TEST_CASE("flag value parsers") {
   CHECK(parse_index_list("all", 3, "--layers") == std::vector<int>{0, 1, 2});
   CHECK(parse_index_list("4,0-2", 5, "--layers") == std::vector<int>{0, 1, 2, 4});

@@ -29,6 +29,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 namespace fs = std::filesystem;
@@ -417,6 +418,31 @@ TEST_CASE("model_config: non-positive, non-integer and huge sizes are errors nam
   md["llama.block_count"] = int64_t(2147483647);
   CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf", 100),
                        doctest::Contains("x.gguf: key 'llama.block_count' = 2147483647 is out of range"), Error);
+}
+
+TEST_CASE("model_config: rms_norm_eps outside (0, 1) and rope_theta <= 0 or not finite name the key (issue 50)") {
+  // Before: rms_norm_eps 2 loaded, and generate printed <unk> with exit 0.
+  nlohmann::json base = {{"model_type", "llama"},     {"hidden_size", 64},
+                         {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2},  {"intermediate_size", 96},
+                         {"vocab_size", 100},         {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}};
+  CHECK(model_config_from_hf(base, "cfg.json").rms_norm_eps == 1e-5);
+  auto fails = [&](const char* key, double value, const std::string& msg) {
+    nlohmann::json bad = base;
+    bad[key] = value;
+    INFO(key << " = " << value);
+    CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"), doctest::Contains(msg.c_str()), Error);
+  };
+  for (double eps : {1.0, 2.0, 0.0, -1e-6})
+    fails("rms_norm_eps", eps, "cfg.json: key 'rms_norm_eps' must be in (0, 1), found");
+  for (double theta : {0.0, -1.0, std::numeric_limits<double>::infinity()})
+    fails("rope_theta", theta, "cfg.json: key 'rope_theta' must be a finite number > 0, found");
+  nlohmann::json md = {{"general.architecture", "llama"},     {"llama.embedding_length", 64},
+                       {"llama.block_count", 2},              {"llama.attention.head_count", 4},
+                       {"llama.feed_forward_length", 96},     {"llama.context_length", 512},
+                       {"llama.attention.layer_norm_rms_epsilon", 1.5}};
+  CHECK_THROWS_WITH_AS(model_config_from_gguf(md, "x.gguf", 100),
+                       doctest::Contains("x.gguf: key 'llama.attention.layer_norm_rms_epsilon' must be in (0, 1), found 1.5"), Error);
 }
 
 // Skipped in the default (unit) run; CTest test `test_model_smollm2` (label `model`) runs it with

@@ -14,8 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 using kvlab::Error;
@@ -508,6 +511,51 @@ TEST_CASE("gguf: a huge block_count or a zero context_length names the file and 
                        doctest::Contains((zero_ctx + ": key 'llama.context_length' must be a positive integer (the "
                                                      "model's context length), found 0").c_str()),
                        Error);
+}
+
+TEST_CASE("a NaN or Inf weight is an error at load naming the file and the tensor (issue 50)") {
+  // Before: the model loaded and generate printed <unk> with exit 0.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  SUBCASE("safetensors (tiny qwen2)") {
+    const std::string dir = kvlab::test::temp_dir("nonfinite_hf");
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(kvlab::test::fixtures_dir() + "/tiny_models/qwen2/" + f, dir + "/" + f);
+    CHECK_NOTHROW(kvlab::load_model(dir));
+    std::string bytes = read_bytes(dir + "/model.safetensors");
+    uint64_t header_len = 0;
+    std::memcpy(&header_len, bytes.data(), 8);
+    const auto header = nlohmann::json::parse(bytes.substr(8, header_len));
+    const std::string name = "model.layers.1.mlp.down_proj.weight";
+    REQUIRE(header.contains(name));
+    REQUIRE(header[name]["dtype"] == "F32");
+    for (float bad : {nan, inf}) {
+      const size_t at = 8 + header_len + header[name]["data_offsets"][0].get<size_t>() + 4 * 7;
+      std::memcpy(&bytes[at], &bad, 4);
+      write_bytes(dir + "/model.safetensors", bytes);
+      CHECK_THROWS_WITH_AS(kvlab::load_model(dir),
+                           doctest::Contains((dir + ": tensor '" + name + "' holds a NaN or Inf value").c_str()), Error);
+    }
+  }
+  SUBCASE("GGUF") {
+    // token_embd.weight (F32 [vocab 8, n_embd 4]) is read first; its first value is NaN.
+    GgufBuilder g(2, 6);
+    g.str("general.architecture").u32(8).str("llama");
+    g.str("llama.embedding_length").u32(4).u32(4);
+    g.str("llama.block_count").u32(4).u32(1);
+    g.str("llama.attention.head_count").u32(4).u32(2);
+    g.str("llama.feed_forward_length").u32(4).u32(8);
+    g.str("llama.context_length").u32(4).u32(64);
+    g.tensor("token_embd.weight", {4, 8}, 0, 0);
+    g.tensor("output_norm.weight", {4}, 0, 4 * 8 * 4);
+    const size_t data_bytes = 4 * 8 * 4 + 4 * 4;
+    std::string bytes = g.with_data(data_bytes);
+    std::memcpy(&bytes[bytes.size() - data_bytes], &nan, 4);
+    const std::string path = kvlab::test::temp_dir("nonfinite_gguf") + "/nan.gguf";
+    write_bytes(path, bytes);
+    CHECK_THROWS_WITH_AS(kvlab::load_model(path),
+                         doctest::Contains((path + ": tensor 'token_embd.weight' holds a NaN or Inf value").c_str()),
+                         Error);
+  }
 }
 
 TEST_CASE("gguf: q/k row permutation") {

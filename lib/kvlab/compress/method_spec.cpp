@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
@@ -77,6 +78,9 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     if (pre.keep_last > 0) params["keep_last"] = pre.keep_last;
     if (config_params.contains(name))
       for (auto it = config_params[name].begin(); it != config_params[name].end(); ++it) params[it.key()] = it.value();
+    // issue 50: two --param setting one method's key (snapkv.window=8 and snapkv.window=16, or
+    // window=8 and snapkv.window=16) used the last one.
+    std::map<std::string, std::string> set_by;  // key -> the --param that set it for this method
     for (const auto& kv : flag_params) {
       auto eq = kv.find('=');
       KVLAB_CHECK(eq != std::string::npos && eq > 0, "--param: expected key=value or method.key=value, got '{}'", kv);
@@ -89,6 +93,8 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
         if (scope != name) continue;
         key = key.substr(dot + 1);
       }
+      const auto [first, fresh] = set_by.emplace(key, kv);
+      KVLAB_CHECK(fresh, "--param '{}' and '{}' both set {}'s '{}': give it once", first->second, kv, name, key);
       params[key] = value;  // strings; Params parses numbers and booleans with the key's name
     }
     MethodSpec m;

@@ -120,11 +120,16 @@ nlohmann::json read_json_file(const std::string& path) {
   KVLAB_CHECK(in.good(), "cannot open JSON file '{}'", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  // A key given twice in one object would silently keep the last value: refuse it.
+  // A key given twice in one object would silently keep the last value: refuse it. A value nested
+  // deeper than kMaxJsonDepth is refused as it opens (issue 50: 100,000 nested arrays in a --config
+  // overflowed the stack; 50,000 gave a 100 KB error line).
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
-  auto check_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  auto check_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
+    if ((event == E::object_start || event == E::array_start) && depth >= kMaxJsonDepth)
+      KVLAB_FAIL("{}: nested deeper than {} levels of arrays and objects (kvlab's JSON files need a few)", path,
+                 kMaxJsonDepth);
     if (event == E::object_start) open_objects.emplace_back();
     if (event == E::object_end && !open_objects.empty()) open_objects.pop_back();
     if (event == E::key && !open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
@@ -140,6 +145,28 @@ nlohmann::json read_json_file(const std::string& path) {
   }
   KVLAB_CHECK(duplicate.empty(), "{}: key '{}' is given twice in one object", path, duplicate);
   return j;
+}
+
+namespace {
+
+template <class T>
+void check_each_once(const std::string& flag, const std::vector<T>& values, const char* spec) {
+  for (size_t i = 0; i < values.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      KVLAB_CHECK(!(values[i] == values[j]), "{}: {} is listed twice (each value is one run: give it once)", flag,
+                  fmt::format(fmt::runtime(spec), values[i]));
+}
+
+}  // namespace
+
+void check_listed_once(const std::string& flag, const std::vector<double>& values) {
+  check_each_once(flag, values, "{:g}");
+}
+void check_listed_once(const std::string& flag, const std::vector<int64_t>& values) {
+  check_each_once(flag, values, "{}");
+}
+void check_listed_once(const std::string& flag, const std::vector<std::string>& values) {
+  check_each_once(flag, values, "'{}'");
 }
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {

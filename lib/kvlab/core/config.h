@@ -67,8 +67,16 @@ class FieldList {
   std::vector<bool> given_on_cli_;
 };
 
-// Read a JSON file, with the file name and position in any parse error.
+// Read a JSON file, with the file name and position in any parse error. A key given twice in one
+// object, or arrays and objects nested deeper than kMaxJsonDepth, are errors naming the file.
+constexpr int kMaxJsonDepth = 64;
 nlohmann::json read_json_file(const std::string& path);
+// A list flag names each value once (issue 50: --ratio 0.5,0.5 ran one branch twice into one
+// prediction file): otherwise an error naming the flag and the repeated value. Command::resolve
+// applies it to every list field, from the command line or --config.
+void check_listed_once(const std::string& flag, const std::vector<double>& values);
+void check_listed_once(const std::string& flag, const std::vector<int64_t>& values);
+void check_listed_once(const std::string& flag, const std::vector<std::string>& values);
 // A text file's bytes; `flag` names where the path came from in the one-line error (not a regular
 // file, unreadable).
 std::string read_text_file(const std::string& path, const std::string& flag);

@@ -66,6 +66,19 @@ std::vector<int64_t> id_list(const json& j, const std::string& key, const std::s
   return {it->get<int64_t>()};
 }
 
+// RMSNorm's epsilon, in (0, 1) (models use 1e-6 to 1e-5), and a RoPE base, finite and > 0, as read
+// from `key`: outside them a model loaded and decoded noise, <unk> with exit 0 (issue 50).
+double norm_eps(const json& j, const std::string& key, double fallback, const std::string& source) {
+  const double v = get_or<double>(j, key, fallback, source);
+  KVLAB_CHECK(v > 0 && v < 1, "{}: key '{}' must be in (0, 1), found {}", source, key, v);
+  return v;
+}
+double rope_base(const json& j, const std::string& key, double fallback, const std::string& source) {
+  const double v = get_or<double>(j, key, fallback, source);
+  KVLAB_CHECK(std::isfinite(v) && v > 0, "{}: key '{}' must be a finite number > 0, found {}", source, key, v);
+  return v;
+}
+
 // Bounds on sizes read from a config: far above any real model (Llama 3.1 405B: 126 layers, 128
 // heads, hidden 16384, vocabularies up to 256k), and low enough that a corrupted count cannot make
 // the loader allocate per-layer or per-head structures until the process dies (GGUF block_count =
@@ -143,9 +156,10 @@ void ModelConfig::validate(const std::string& source) const {
               "{}: n_q_heads={} must be a multiple of n_kv_heads={}", source, n_q_heads,
               n_kv_heads);
   KVLAB_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, found {}", source, head_dim);
-  KVLAB_CHECK(rms_norm_eps > 0 && rope_theta > 0,
-              "{}: rms_norm_eps and rope_theta must be > 0, found {} and {}", source, rms_norm_eps,
-              rope_theta);
+  KVLAB_CHECK(rms_norm_eps > 0 && rms_norm_eps < 1, "{}: rms_norm_eps must be in (0, 1), found {}", source,
+              rms_norm_eps);
+  KVLAB_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "{}: rope_theta must be a finite number > 0, found {}",
+              source, rope_theta);
 }
 
 nlohmann::json ModelConfig::to_json() const {
@@ -237,12 +251,12 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   c.intermediate_size = size("intermediate_size", kMaxWidth);
   c.vocab_size = size("vocab_size", kMaxVocab);
   c.max_position_embeddings = context_length(cfg, "max_position_embeddings", source);
-  c.rms_norm_eps = get_or<double>(cfg, "rms_norm_eps", 1e-6, source);
+  c.rms_norm_eps = norm_eps(cfg, "rms_norm_eps", 1e-6, source);
   // transformers >= 5 may nest rope settings under "rope_parameters".
   json rope_params = cfg.contains("rope_parameters") ? cfg["rope_parameters"] : json(nullptr);
-  c.rope_theta = get_or<double>(cfg, "rope_theta", 10000.0, source);
+  c.rope_theta = rope_base(cfg, "rope_theta", 10000.0, source);
   if (rope_params.is_object() && rope_params.contains("rope_theta"))
-    c.rope_theta = get_or<double>(rope_params, "rope_theta", c.rope_theta, source);
+    c.rope_theta = rope_base(rope_params, "rope_theta", c.rope_theta, source);
   if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null())
     c.rope_scaling = rope_scaling_from_json(cfg["rope_scaling"], source);
   else if (rope_params.is_object())
@@ -257,15 +271,15 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
     // Global layers: rope_theta (default 1e6) and rope_scaling; sliding layers: their own base
     // (rope_local_base_freq, default 1e4), unscaled. transformers >= 5 nests both under
     // rope_parameters.{full_attention, sliding_attention}.
-    c.rope_theta = get_or<double>(cfg, "rope_theta", 1.0e6, source);
-    c.rope_local_theta = get_or<double>(cfg, "rope_local_base_freq", 1.0e4, source);
+    c.rope_theta = rope_base(cfg, "rope_theta", 1.0e6, source);
+    c.rope_local_theta = rope_base(cfg, "rope_local_base_freq", 1.0e4, source);
     if (rope_params.is_object() && rope_params.contains("full_attention")) {
       const json& full = rope_params["full_attention"];
       const json& local = rope_params.contains("sliding_attention") ? rope_params["sliding_attention"] : json(nullptr);
-      c.rope_theta = get_or<double>(full, "rope_theta", c.rope_theta, source);
+      c.rope_theta = rope_base(full, "rope_theta", c.rope_theta, source);
       c.rope_scaling = rope_scaling_from_json(full, source + " rope_parameters.full_attention");
       if (local.is_object()) {
-        c.rope_local_theta = get_or<double>(local, "rope_theta", c.rope_local_theta, source);
+        c.rope_local_theta = rope_base(local, "rope_theta", c.rope_local_theta, source);
         KVLAB_CHECK(rope_scaling_from_json(local, source).kind == "none",
                     "{}: rope_parameters.sliding_attention scales RoPE ({}); only unscaled local RoPE is supported",
                     source, local.dump());
@@ -360,10 +374,10 @@ ModelConfig model_config_from_gguf(const nlohmann::json& md, const std::string& 
   c.vocab_size = checked_size(get_or<int64_t>(md, key("vocab_size"), n_vocab_fallback, source), key("vocab_size"),
                               kMaxVocab, source);
   c.max_position_embeddings = context_length(md, key("context_length"), source);
-  c.rms_norm_eps = get_or<double>(md, key("attention.layer_norm_rms_epsilon"), 1e-6, source);
+  c.rms_norm_eps = norm_eps(md, key("attention.layer_norm_rms_epsilon"), 1e-6, source);
   // GGUF stores eps as float32 (1e-5 reads back as 9.99999974738e-06); transformers' GGUF loader
   // passes that value on unchanged, so kvlab does too.
-  c.rope_theta = get_or<double>(md, key("rope.freq_base"), 10000.0, source);
+  c.rope_theta = rope_base(md, key("rope.freq_base"), 10000.0, source);
   const std::string scaling = get_or<std::string>(md, key("rope.scaling.type"), "none", source);
   if (scaling == "linear") {
     c.rope_scaling.kind = "linear";

@@ -40,6 +40,17 @@ std::string lower(std::string s) {
   return s;
 }
 
+// A weight holding NaN or Inf makes every logit NaN: the model loaded and generate printed <unk>
+// with exit 0 (issue 50). One pass per tensor as it is read, before any conversion.
+at::Tensor finite_weight(at::Tensor t, const std::string& src, const std::string& name) {
+  if (!at::isfinite(t).all().item<bool>()) {
+    const int64_t bad = t.numel() - at::isfinite(t).sum().item<int64_t>();
+    KVLAB_FAIL("{}: tensor '{}' holds a NaN or Inf value ({} of {}): a model's weights must be finite", src, name,
+               bad, t.numel());
+  }
+  return t;
+}
+
 // Checks a loaded tensor's shape; `what` names the tensor and its file.
 void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const std::string& what) {
   KVLAB_CHECK(t.sizes().vec() == shape, "{}: expected shape {}, found {}", what, shape,
@@ -254,7 +265,7 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   const ModelConfig& c = m.config;
   SafetensorsCheckpoint ckpt(src.path);
   // Load as float32 first (the stored dtype may be F16/BF16), convert in finish_model.
-  auto get = [&](const std::string& name) { return ckpt.get(name, at::kFloat); };
+  auto get = [&](const std::string& name) { return finite_weight(ckpt.get(name, at::kFloat), src.path, name); };
   ModelWeights& w = m.weights;
   w.tok_embd = get(tensor_name(hf, TensorRole::tok_embd));
   expect_shape(w.tok_embd, {c.vocab_size, c.hidden_size},
@@ -319,7 +330,7 @@ Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
   // the HF layout already).
   const bool permuted = c.architecture == "llama";
 
-  auto get = [&](const std::string& name) { return g.get(name, at::kFloat); };
+  auto get = [&](const std::string& name) { return finite_weight(g.get(name, at::kFloat), src.path, name); };
   ModelWeights& w = m.weights;
   w.tok_embd = get(tensor_name(gguf, TensorRole::tok_embd));
   expect_shape(w.tok_embd, {c.vocab_size, c.hidden_size}, src.path + ": " + tensor_name(gguf, TensorRole::tok_embd));
