@@ -19,14 +19,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from kvlab import results  # noqa: E402
 
 
-def branch_label(r):
-    return "exact" if r["method"] == "exact" else f"{r['method']}_{r.get('setting', '').replace('=', '')}"
-
-
-def dataset_label(r):
-    return r["task"] if r.get("length") in (None, "") else f"{r['task']}_{r['length']}"
-
-
 def as_written(r):
     """The record as kvlab's prediction line: id first, then the other fields, identity left out."""
     line = {"id": r["sample"]}
@@ -49,7 +41,7 @@ def main():
         sys.exit(f"results_export: --out {args.out} already holds pred/: refusing to write over it")
     files = {}
     for r in results.load(args.folder):
-        files.setdefault((branch_label(r), dataset_label(r)), []).append(as_written(r))
+        files.setdefault((results.branch_label(r), results.dataset_label(r)), []).append(as_written(r))
     for (branch, dataset), lines in sorted(files.items()):
         os.makedirs(os.path.join(args.out, "pred", branch), exist_ok=True)
         text = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines)

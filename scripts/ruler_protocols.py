@@ -24,7 +24,7 @@ import argparse
 import sys
 from collections import defaultdict
 
-from ruler_table import EXACT, TASKS, branch_name, compression_label, load, prediction_lines, split_label, task_average
+from ruler_table import EXACT, TASKS, compression_label, load, prediction_lines, split_label, task_average
 
 
 def exact_outputs(runs):
@@ -114,7 +114,7 @@ def main():
             cell = {b: task_average({t: diffs[which][b][t] for t in tasks}) for b in branches}
 
             def row_mean(m):
-                xs = [cell[branch_name(m, k)][0] for k in kepts if branch_name(m, k) in cell]
+                xs = [cell[(m, k)][0] for k in kepts if (m, k) in cell]
                 return sum(xs) / len(xs)
 
             print(f"### {length} tokens: whole − context, {title}; {len(tasks)} tasks, "
@@ -122,7 +122,7 @@ def main():
             print("| method | " + " | ".join(cols) + " | mean |")
             print("|---|" + "---|" * (len(cols) + 1))
             for m in sorted(methods, key=lambda m: -row_mean(m)):
-                cells = [signed(*cell[branch_name(m, k)], digits) if branch_name(m, k) in cell else "" for k in kepts]
+                cells = [signed(*cell[(m, k)], digits) if (m, k) in cell else "" for k in kepts]
                 print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(m):+.{digits}f} |")
             print()
         cells = [f"{compression_label(k)}: {ratio[(length, k)][0]:.3f} ({ratio[(length, k)][1]} samples)"

@@ -39,17 +39,7 @@ from kvlab.stats import mean_se  # noqa: E402
 
 TASKS = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
-EXACT = ("exact", None)  # the full cache's branch
-
-
-def branch_name(method, kept):
-    """A branch: (method, kept fraction), or (method, None) for a method's only branch (exact)."""
-    return (method, kept)
-
-
-def split_branch(branch):
-    """("snapkv", 0.5) -> ("snapkv", 0.5): a branch is already its method and kept fraction."""
-    return branch
+EXACT = ("exact", None)  # the full cache's branch; every branch is a (method, kept fraction) tuple
 
 
 def branch_text(branch):
@@ -204,7 +194,7 @@ def main():
         # only tasks every branch has (shards in progress may have more tasks for some branches)
         tasks = [t for t in TASKS if all(records.get((b, t, length)) for b in branches)]
         counts = sorted({len(records[(b, t, length)]) for b in branches for t in tasks})
-        kepts = sorted({split_branch(b)[1] for b in branches if split_branch(b)[1] is not None}, reverse=True)
+        kepts = sorted({b[1] for b in branches if b[1] is not None}, reverse=True)
         methods = sorted({b[0] for b in branches if b != EXACT})
         score = {b: task_average(values(records, b, length, 0, tasks)) for b in branches}
         fid = {b: task_average(values(records, b, length, 1, tasks)) for b in branches}
@@ -218,17 +208,17 @@ def main():
         print(f"| exact (full cache) | " + " | ".join(fmt(*score[EXACT]) for _ in cols) + f" | {score[EXACT][0]:.1f} |")
 
         def row_mean(table, m):
-            xs = [table[branch_name(m, k)][0] for k in kepts if branch_name(m, k) in table]
+            xs = [table[(m, k)][0] for k in kepts if (m, k) in table]
             return sum(xs) / len(xs)
 
         for m in sorted(methods, key=lambda m: -row_mean(score, m)):
-            cells = [fmt(*score[branch_name(m, k)]) if branch_name(m, k) in score else "" for k in kepts]
+            cells = [fmt(*score[(m, k)]) if (m, k) in score else "" for k in kepts]
             print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(score, m):.1f} |")
         print("\nFidelity: ROUGE-L F1 of the output against the full cache's, average over tasks (± SE)\n")
         print("| method | " + " | ".join(cols) + " | mean |")
         print("|---|" + "---|" * (len(cols) + 1))
         for m in sorted(methods, key=lambda m: -row_mean(fid, m)):
-            cells = [fmt(*fid[branch_name(m, k)], digits=3) if branch_name(m, k) in fid else "" for k in kepts]
+            cells = [fmt(*fid[(m, k)], digits=3) if (m, k) in fid else "" for k in kepts]
             print(f"| {m} | " + " | ".join(cells) + f" | {row_mean(fid, m):.3f} |")
         print("\nThe full cache per task (string_match_all x 100 ± SE)\n")
         print("| task | exact | |")
@@ -240,11 +230,11 @@ def main():
         print(f"\nClosest to the full cache (fidelity), per compression ratio; exact − method of the task "
               f"average, paired over the same samples\n")
         for k in kepts:
-            ranked = sorted((b for b in branches if split_branch(b)[1] == k), key=lambda b: -fid[b][0])
+            ranked = sorted((b for b in branches if b[1] == k), key=lambda b: -fid[b][0])
             parts = []
             for b in ranked[: args.top]:
                 d, se = task_average(paired(records, EXACT, b, length, tasks))
-                parts.append(f"{split_branch(b)[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {in_se(d, se)})")
+                parts.append(f"{b[0]} {fid[b][0]:.3f} (exact − it {fmt(d, se)}, {in_se(d, se)})")
             print(f"- {compression_label(k)}: " + "; ".join(parts))
         print()
         if pairs:
@@ -255,7 +245,7 @@ def main():
             for a, b in pairs:
                 cells = []
                 for k in kepts:
-                    ba, bb = (EXACT if m == "exact" else branch_name(m, k) for m in (a, b))
+                    ba, bb = (EXACT if m == "exact" else (m, k) for m in (a, b))
                     if ba not in score or bb not in score:
                         cells.append("")  # a method not run at this ratio or length
                         continue

@@ -12,7 +12,6 @@ unpack: writes the files the folder does not have; a file it has is kept when th
 prefix of it (the run went on here) and refused otherwise (naming it), so nothing written is lost.
 """
 import argparse
-import gzip
 import io
 import os
 import sys
@@ -36,24 +35,23 @@ def pack(step):
     if not os.path.isdir(root):
         sys.exit(f"shards_pack: {root} is missing: nothing to pack")
     buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="", compresslevel=9) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            n = 0
-            for dirpath, dirnames, filenames in sorted(os.walk(root)):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    if name.endswith(".partial") or name == ".kvlab.lock":
-                        continue
-                    path = os.path.join(dirpath, name)
-                    with open(path, "rb") as f:
-                        data = complete_lines(f.read(), name)
-                    info = tarfile.TarInfo(os.path.relpath(path, step))
-                    info.size, info.mtime, info.mode = len(data), 0, 0o644
-                    tar.addfile(info, io.BytesIO(data))
-                    n += 1
-    out = os.path.join(step, ARCHIVE)
-    results.write_atomic(out, buf.getvalue())
-    print(f"shards_pack: {n} files -> {out} ({len(buf.getvalue()) / 1e6:.1f} MB)")
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        n = 0
+        for dirpath, dirnames, filenames in sorted(os.walk(root)):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".partial") or name == ".kvlab.lock":
+                    continue
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as f:
+                    data = complete_lines(f.read(), name)
+                info = tarfile.TarInfo(os.path.relpath(path, step))
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+                n += 1
+    out, packed = os.path.join(step, ARCHIVE), results.gzip_bytes(buf.getvalue())
+    results.write_atomic(out, packed)
+    print(f"shards_pack: {n} files -> {out} ({len(packed) / 1e6:.1f} MB)")
 
 
 def unpack(step):

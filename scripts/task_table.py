@@ -4,8 +4,8 @@
   scripts/task_table.py RUN_DIR [--metric score|rougeL_vs_exact|rouge1|...] [--dataset NAME] [--by METRIC]
                         [--pairs a-b,c-d]
 
-Reads RUN_DIR/result.json (the protocol, the rows) and RUN_DIR/pred/<branch>/<dataset>.jsonl (one
-line per record). For each branch: the mean of each metric over the records with its standard error
+RUN_DIR: a results folder (docs/results.md) or a kvlab task run (result.json, pred/<branch>/<dataset>.jsonl),
+read through python/kvlab/results.py. For each branch: the mean of each metric over the records with its standard error
 (sample sd / sqrt(n)), live KV entries per (layer, KV head) right after compression, mean and
 peak (these count each branch's own generated tokens), and "mem *" where the entries after
 compression are more than 1% from the setting's median.
@@ -15,7 +15,6 @@ pairs named by --pairs.
 Used to write the results READMEs from committed runs.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -23,16 +22,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from kvlab import results  # noqa: E402  (python/ of this repository)
 from kvlab.stats import mean_se  # noqa: E402
-
-
-def dataset_of(r):
-    """A record's dataset as kvlab's task commands name it: the task, with its length where it has one."""
-    return r["task"] if r.get("length") in (None, "") else f"{r['task']}_{r['length']}"
-
-
-def label(r):
-    """A branch's label, made from its fields: exact, or <method>_<setting without '='> (snapkv_ratio0.2)."""
-    return "exact" if r["method"] == "exact" else f"{r['method']}_{r.get('setting', '').replace('=', '')}"
 
 
 def branch_order(config):
@@ -69,7 +58,7 @@ def main():
     proto = ctx.get("protocol", {})
     scale = dict((kv.split(":")[0], float(kv.split(":")[1])) for kv in args.scale.split(",") if kv)
     metrics = args.metric.split(",")
-    datasets = [args.dataset] if args.dataset else sorted({dataset_of(r) for r in records})
+    datasets = [args.dataset] if args.dataset else sorted({results.dataset_label(r) for r in records})
     # The preset is recorded per record (each method's); the context has it only in older runs.
     presets = sorted({r["preset"] for r in records if r["method"] != "exact" and r.get("preset")})
     preset = ctx.get("preset") or (",".join(presets) if presets else "?")
@@ -78,8 +67,8 @@ def main():
     branch_key = branch_order(ctx.get("config", {}))
     for ds in datasets:
         per = {}  # label -> (branch facts, {sample: record})
-        for r in sorted((r for r in records if dataset_of(r) == ds), key=branch_key):
-            b = label(r)
+        for r in sorted((r for r in records if results.dataset_label(r) == ds), key=branch_key):
+            b = results.branch_label(r)
             facts, lines = per.setdefault(b, ({"setting": r.get("setting", "")}, {}))
             lines[r["sample"]] = r
         for b, (facts, lines) in per.items():  # a branch's means over its records, as kvlab's rows state them

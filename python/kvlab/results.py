@@ -45,6 +45,17 @@ def kept_of(setting):
     return float(value) if name == "ratio" and value else None
 
 
+def branch_label(r):
+    """A record's branch as kvlab's task commands name it (made from its fields, never parsed back):
+    exact, or <method>_<setting without '='> (snapkv_ratio0.2)."""
+    return "exact" if r["method"] == "exact" else f"{r['method']}_{r.get('setting', '').replace('=', '')}"
+
+
+def dataset_label(r):
+    """A record's dataset as kvlab's task commands name it: the task, with its length where it has one."""
+    return r["task"] if r.get("length") in (None, "") else f"{r['task']}_{r['length']}"
+
+
 def is_results_dir(path):
     return os.path.isfile(os.path.join(path, PREDICTIONS))
 
@@ -159,11 +170,11 @@ def from_task_run(run):
 # ---------------------------------------------------------------------------------------------
 # writing
 
-def _gzip_bytes(text):
-    """gzip of `text` with no timestamp or name: the same records give the same bytes."""
+def gzip_bytes(data):
+    """gzip of `data` (text as UTF-8) with no timestamp or name: the same input gives the same bytes."""
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="", compresslevel=9) as g:
-        g.write(text.encode("utf-8"))
+        g.write(data.encode("utf-8") if isinstance(data, str) else data)
     return buf.getvalue()
 
 
@@ -238,11 +249,11 @@ def write_results(out, records, data=None, run=None):
     """Writes a results folder (see the module's docstring); each file atomically."""
     os.makedirs(out, exist_ok=True)
     records = check_unique(records, out)
-    write_atomic(os.path.join(out, PREDICTIONS), _gzip_bytes(predictions_text(records)))
-    write_atomic(os.path.join(out, ROWS), _gzip_bytes(rows_text(records)))
+    write_atomic(os.path.join(out, PREDICTIONS), gzip_bytes(predictions_text(records)))
+    write_atomic(os.path.join(out, ROWS), gzip_bytes(rows_text(records)))
     if data is not None:
         text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in data)
-        write_atomic(os.path.join(out, DATA), _gzip_bytes(text))
+        write_atomic(os.path.join(out, DATA), gzip_bytes(text))
     if run is not None:
         write_atomic(os.path.join(out, RUN), (json.dumps(run, indent=1, sort_keys=True) + "\n").encode())
 

@@ -44,7 +44,7 @@ for folder in folders:
     records = results.load(folder)
     check(len(results.check_unique(records, name)) == len(records), f"{name}: no identity repeats")
     with open(os.path.join(folder, results.PREDICTIONS), "rb") as f:
-        check(f.read() == results._gzip_bytes(results.predictions_text(records)),
+        check(f.read() == results.gzip_bytes(results.predictions_text(records)),
               f"{name}: predictions.jsonl.gz is byte-identical to a fresh write of its records")
     with gzip.open(os.path.join(folder, results.ROWS), "rt", encoding="utf-8", newline="") as f:
         check(f.read() == results.rows_text(records), f"{name}: rows.csv.gz is the long table of its predictions")
