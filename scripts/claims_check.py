@@ -103,8 +103,8 @@ def aligned(a, b):
 # statistics on top of stats.py
 
 def sd_of(xs):
-    m = sum(xs) / len(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    """The sample sd (n - 1), from stats.mean_se."""
+    return stats.mean_se(xs)[1] * math.sqrt(len(xs))
 
 
 def mde(sd, n):
@@ -114,7 +114,7 @@ def mde(sd, n):
 def paired(diffs):
     """t interval of per-record differences, with the smallest detectable effect."""
     ci = stats.diff_interval(diffs)
-    return dict(mean=ci.mean, lo=ci.lo, hi=ci.hi, p=ci.p, n=ci.n, mde=mde(sd_of(diffs), len(diffs)))
+    return dict(mean=ci.mean, lo=ci.lo, hi=ci.hi, p=ci.p, n=ci.n, mde=mde(ci.se * math.sqrt(ci.n), ci.n))
 
 
 def stratified(groups):
@@ -229,8 +229,7 @@ def gate_block():
 
 
 def mean(xs):
-    xs = list(xs)
-    return sum(xs) / len(xs)
+    return stats.mean_se(list(xs))[0]
 
 
 def geo_mean(recs):
