@@ -59,8 +59,8 @@ XSUM_STREAM = R("xsum_whole_stream", "20261124-104413_7074176")
 XSUM_PREFILL = R("xsum_whole_prefill", "20261124-101441_7074176")
 RULER_CONTEXT = R("ruler_context")          # results folders (predictions.jsonl.gz)
 RULER_WHOLE = R("ruler_whole")
-RULER_NO_OUTLIERS = sorted(glob.glob(R("ruler_whole_chelsea_no_outliers", "shards", "shard*")))
-RULER_CONTEXT_4K = sorted(glob.glob(R("ruler_context_4k", "shards", "shard*")))
+RULER_NO_OUTLIERS = R("ruler_whole_chelsea_no_outliers")
+RULER_CONTEXT_4K = R("ruler_context_4k")
 BKV_FIG2 = glob.glob(R("balancekv_fig2", "*", "aggregate_per_layer.csv"))[0]
 BKV_FIG2_RELEASE = glob.glob(R("balancekv_fig2_release", "*", "aggregate_per_layer.csv"))[0]
 CLUSTERABILITY = glob.glob(R("subgen_fig1_clusterability", "*", "result.json"))[0]
@@ -71,13 +71,6 @@ MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
 
 # ---------------------------------------------------------------------------------------------
 # loading
-
-def load_many(paths):
-    out = []
-    for p in paths:
-        out += results.load(p)
-    return out
-
 
 def by_sample(records, **match):
     """{sample key: record} of the records whose fields equal `match` (the key: task, length, sample)."""
@@ -188,9 +181,9 @@ def gate_block():
           "(RULER, kvlab's NIAH grid): >= 50 of 100 (scripts/full_cache_gate.py, a 1e-9 tolerance for float sums). "
           "'lo' = the 95% t interval's lower bound, shown beside.")
     rows = []
-    # RULER 1k/2k (step 1 = step 3's full cache, identical outputs) and 4k (step 2's shards)
+    # RULER 1k/2k (step 1 = step 3's full cache, identical outputs) and 4k (step 2)
     ruler = [r for r in results.load(RULER_CONTEXT) if r["method"] == "exact"] + \
-            [r for r in load_many(RULER_CONTEXT_4K) if r["method"] == "exact"]
+            [r for r in results.load(RULER_CONTEXT_4K) if r["method"] == "exact"]
     cells = defaultdict(list)
     for r in ruler:
         cells[(r["task"], r["length"])].append(100.0 * r["score"])
@@ -417,7 +410,7 @@ def ruler_contrast(a, b, kept, length):
 def chelsea_ruler():
     print("== Chelsea Fig. 8 / Table 5 beside RULER (not a paper benchmark): protocol whole, kept 0.25 ==")
     whole = results.load(RULER_WHOLE)
-    noout = load_many(RULER_NO_OUTLIERS)
+    noout = results.load(RULER_NO_OUTLIERS)
     ch_no = index(noout, "chelsea")
     ch = index(whole, "chelsea")
     for length in (1024, 2048):
