@@ -41,6 +41,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/fit.h"
@@ -103,6 +104,7 @@ struct BenchInput {
   at::Tensor k, v;      // [n_kv_heads, n_avail, head_dim] float32
   at::Tensor q;         // [n_q_heads, n_obs, head_dim]
   at::Tensor query_pos; // [n_obs] int64, all >= n_avail
+  at::Tensor inv_freq;  // [head_dim / 2] the RoPE frequencies (expected_attention, compactor read them)
   int64_t n_avail = 0;  // largest region the queries allow
   int layer = 0, n_layers = 1;
   nlohmann::json source;
@@ -126,6 +128,7 @@ BenchInput load_input(const CompressBenchOptions& o, int64_t n_needed) {
     in.v = qkv.v.narrow(1, 0, n_needed).contiguous();
     in.query_pos = at::arange(n_needed, n_needed + o.queries, at::kLong);
     in.n_avail = n_needed;
+    in.inv_freq = rope_inv_freq(10000.0, s.head_dim, RopeScaling{});  // Llama's theta: timing only
     in.source = {{"synthetic", {{"kind", s.kind}, {"n_q_heads", s.n_q_heads}, {"n_kv_heads", s.n_kv_heads},
                                 {"head_dim", s.head_dim}, {"n_clusters", s.n_clusters},
                                 {"cluster_noise", s.cluster_noise}, {"n_tokens", s.n_tokens},
@@ -151,6 +154,8 @@ BenchInput load_input(const CompressBenchOptions& o, int64_t n_needed) {
   in.n_avail = std::min(first_q, n_needed);
   in.k = qkv.k.narrow(1, 0, in.n_avail).contiguous();
   in.v = qkv.v.narrow(1, 0, in.n_avail).contiguous();
+  in.inv_freq = rope_inv_freq(meta.rope_theta, meta.head_dim,
+                              rope_scaling_from_json(meta.rope_scaling, o.capture + ": rope_scaling"));
   in.source = {{"capture", {{"file", o.capture}, {"model_id", meta.model_id},
                             {"source_dataset", meta.source_dataset}, {"sample", o.sample},
                             {"sample_id", si.sample_id}, {"layer", in.layer}, {"n_tokens", si.n_tokens},
@@ -232,6 +237,7 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
       kv.pos0 = 0;
       kv.layer = in.layer;
       kv.n_layers = in.n_layers;
+      kv.context.provide(inputs::rope_inv_freq, in.inv_freq);
       CompressOptions opt;
       opt.seed = static_cast<uint64_t>(o.seed);
       opt.budget = halving ? by_halvings : by_ratio;

@@ -25,6 +25,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/blas.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
@@ -45,7 +46,7 @@ struct GenerateBenchOptions {
   std::vector<double> ratio = {0.2};
   std::vector<int64_t> branches;  // --branches: batched vs sequential decoding at these branch counts
   int64_t new_tokens = 64;
-  std::string text = "../shared/data/wikitext2/wiki.test.raw";
+  std::string text = shared_default("data/wikitext2/wiki.test.raw");
   int64_t obs_queries = 256;
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
@@ -208,7 +209,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
                               {"kv_bytes_peak", r.kv_bytes_peak},
                               {"kv_vs_exact", exact_bytes > 0 ? r.kv_bytes_peak / exact_bytes : 1.0},
                               {"decoded", steps.size()},
-                              {"streaming", streams_while_decoding(m.name)},
+                              {"streaming", compressor_info(m.name).streaming},
                               {"rss_mib", current_rss_kib() / 1024.0},
                               {"params", m.compressor->params()}};
         fmt::print(stderr, "[bench generate] context {} {} {}: TPOT {:.1f} ms ({:.2f} of exact), KV {:.1f} MiB "

@@ -182,7 +182,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                         {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
                         {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
                         {"entries_peak", r.entries_peak},
-                        {"streaming", spec.stream && streams_while_decoding(m.name)},
+                        {"streaming", spec.stream && compressor_info(m.name).streaming},
                         {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
                         {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
                         {"kv_bytes_window_layers", r.kv_bytes_window},
@@ -233,7 +233,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     budgets = budget_settings(o.ratio, o.budget, o.T);
     methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
     for (const auto& m : methods)
-      KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !streams_while_decoding(m.name),
+      KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !compressor_info(m.name).streaming,
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "
                   "to prefill-only methods (or give --prefill-only)", m.keep_last_or(o.keep_last), m.name);
   }

@@ -119,18 +119,15 @@ struct ReplayOptions {
 
 void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   if (o.list_methods) {
-    // When a method compresses during generation: every decode step (streaming, as its paper), or
-    // once after prefill with decoded tokens appended exactly (prefill). Methods whose paper streams
-    // but whose decode-time stream (compress/stream.h) is not built yet say so.
+    // When a method compresses during generation: every decode step (streaming), or once after
+    // prefill with decoded tokens appended exactly (prefill).
     for (const auto& info : compressor_infos()) {
-      const bool decodes = streams_while_decoding(info.name);
-      fmt::print("{:<16} {:<9} {}{}{}\n", info.name, decodes ? "streaming" : "prefill", info.description,
-                 info.streaming && !decodes ? " [streams in its paper; kvlab's decode-time stream not built yet]" : "",
-                 info.needs_out_proj         ? " [not in replay: needs the model's W_o]"
-                 : info.needs_reconstruction ? " [not in replay: needs a second prefill through the model]"
-                 : info.needs_calibration    ? " [needs a calibration file (see --preset paper); --method all "
-                                               "leaves it out unless one is given]"
-                                             : "");
+      fmt::print("{:<16} {:<9} {}{}\n", info.name, info.streaming ? "streaming" : "prefill", info.description,
+                 info.reads(inputs::out_proj)              ? " [not in replay: needs the model's W_o]"
+                 : info.reads(inputs::reconstruction_scores) ? " [not in replay: needs a second prefill through the model]"
+                 : info.calibration                          ? " [needs a calibration file (see --preset paper); "
+                                                               "--method all leaves it out unless one is given]"
+                                                             : "");
       const MethodPreset p = info.paper();
       std::string keep = p.keep_first || p.keep_last
                              ? fmt::format(" + exact {} first / {} last", p.keep_first, p.keep_last) : "";

@@ -30,7 +30,7 @@ inline LayerKV make_kv(const std::string& kind, int64_t n, int64_t n_q, int hq =
   kv.values = t.v.to(dt);    // [Hkv, n, d]
   kv.queries = t.q.to(dt);   // [Hq, n_q, d]
   kv.query_pos = at::arange(n - n_q, n, at::kLong);
-  kv.rope_inv_freq = rope_inv_freq(10000.0, d, RopeScaling{});  // expected_attention un-rotates with them
+  kv.context.provide(inputs::rope_inv_freq, rope_inv_freq(10000.0, d, RopeScaling{}));  // expected_attention un-rotates with them
   return kv;
 }
 

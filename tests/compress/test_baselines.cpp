@@ -644,14 +644,14 @@ TEST_CASE("attention sums shared by generation's prefill: a naive loop's per-hea
 
   LayerKV own = kvlab::region_of(k, v, begin, end, q, pos, 0, 1);
   LayerKV shared = own;
-  shared.attention_sums = sums.narrow(1, begin, end - begin);
+  shared.context.provide(kvlab::inputs::attention_sums, sums.narrow(1, begin, end - begin));
   for (const std::string reduce : {"mean", "sum", "max"}) {
     INFO("reduce=", reduce);
     CHECK(at::allclose(kvlab::detail::accumulated_attention(shared, reduce),
                        kvlab::detail::accumulated_attention(own, reduce), 1e-6, 1e-9));
   }
-  CHECK_FALSE(kvlab::detail::last_queries(shared, 7).attention_sums.defined());  // the sums were over all 40
-  CHECK(kvlab::detail::last_queries(shared, -1).attention_sums.defined());
+  CHECK_FALSE(kvlab::detail::last_queries(shared, 7).context.has(kvlab::inputs::attention_sums));  // the sums were over all 40
+  CHECK(kvlab::detail::last_queries(shared, -1).context.has(kvlab::inputs::attention_sums));
 
   for (const std::string m : {"h2o", "cam", "buzz"}) {
     INFO("method=", m);

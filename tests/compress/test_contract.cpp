@@ -55,7 +55,7 @@ double region_entries(const CompressedKV& c) { return c.mean_memory_entries(); }
 std::vector<std::string> replay_methods() {
   std::vector<std::string> out;
   for (const auto& info : compressor_infos())
-    if (!info.needs_model() && !info.needs_calibration) out.push_back(info.name);
+    if (!info.needs_model() && !info.calibration) out.push_back(info.name);
   return out;
 }
 
@@ -131,6 +131,24 @@ TEST_CASE("registry: every entry makes a compressor whose name() is the entry's 
     CHECK(!info.description.empty());
     CHECK(!info.cost.note.empty());
   }
+}
+
+// "Does it stream?" has one answer, the registry's `streaming`; the method's start_stream must
+// agree with it. The region has no queries (a stream must start without one: tova's died on it).
+TEST_CASE("registry: start_stream gives a stream exactly for the methods marked streaming") {
+  LayerKV tiny;  // 8 distinct keys, no queries, kept to 4 entries
+  tiny.keys = at::sin(at::arange(32, at::kFloat)).view({1, 8, 4});
+  tiny.values = at::cos(at::arange(32, at::kFloat)).view({1, 8, 4});
+  CompressOptions opt;
+  opt.budget = Budget::of_entries(4);
+  int n_streaming = 0;
+  for (const auto& info : compressor_infos()) {
+    INFO("method=" << info.name);
+    auto c = make_compressor(info.name, nlohmann::json::object());
+    CHECK((c->start_stream(tiny, opt) != nullptr) == info.streaming);
+    n_streaming += info.streaming;
+  }
+  CHECK(n_streaming == 11);  // streaming_llm, local, h2o, tova, cam, the 3 buzz, chelsea, balancekv-mr, subgen
 }
 
 TEST_CASE("contract: unknown parameters are rejected by name; unknown methods suggest the closest") {

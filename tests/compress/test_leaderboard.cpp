@@ -183,10 +183,10 @@ TEST_CASE("tova's decode-time stream equals a token-by-token list simulation") {
     CHECK(row(stream->held().pos, 1) == held);  // every KV head holds the same positions
   }
   CHECK(stream->n_seen() == n0 + T);
-  // The registry's probe starts a stream on a region with no query (kvlab replay --list-methods
-  // died on it): held whole until a query settles it.
-  CHECK(streams_while_decoding("tova"));
-  CHECK_FALSE(streams_while_decoding("knorm"));
+  // A stream started on a region with no query (kvlab replay --list-methods died on it, when it
+  // probed every method so) is held whole until a query settles it: test_contract's registry case.
+  CHECK(compressor_info("tova").streaming);
+  CHECK_FALSE(compressor_info("knorm").streaming);
 }
 
 TEST_CASE("keydiff keeps the keys of lowest cosine to the mean unit key, per KV head (naive loop)") {
@@ -401,7 +401,7 @@ std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int
 TEST_CASE("expected_attention keeps the keys of highest expected attention under the queries' Gaussian times |v| (naive loop)") {
   // Every position's query, as generation gives it (observation_queries -1).
   auto kv = random_region(40, 40, 2, 2, 8, 41);
-  kv.rope_inv_freq = rope_inv_freq(10000.0, 8, RopeScaling{});
+  kv.context.provide(inputs::rope_inv_freq, rope_inv_freq(10000.0, 8, RopeScaling{}));
   auto c = make_compressor("expected_attention", {{"n_future_positions", 16}, {"n_sink", 3}});
   const auto want = naive_expected_attention(kv, 3, 16);
   auto mine = c->keep_scores(kv, CompressOptions());  // [Hkv, n]
@@ -438,12 +438,13 @@ TEST_CASE("a wrapper composes with a scorer by name: adakv:knorm is adakv with s
 
 // knorm's score −‖k‖ of (KV head h, position j) and criticalkv's (score + 1e-4)·|W_o v|_1, the L1
 // norm of each of the group's query heads' slice of W_o times v, averaged over the group; by loops
-// (kv.out_proj [hidden, Hq·d] float64, g = Hq / Hkv).
+// (the context's out_proj [hidden, Hq·d] float64, g = Hq / Hkv).
 static std::pair<double, double> naive_knorm_critical(const LayerKV& kv, int64_t h, int64_t j) {
-  const int64_t d = kv.keys.size(2), hidden = kv.out_proj.size(0), g = kv.out_proj.size(1) / d / kv.keys.size(0);
+  const at::Tensor& wo = kv.context.get(inputs::out_proj);
+  const int64_t d = kv.keys.size(2), hidden = wo.size(0), g = wo.size(1) / d / kv.keys.size(0);
   auto K = kv.keys.accessor<double, 3>();
   auto V = kv.values.accessor<double, 3>();
-  auto W = kv.out_proj.accessor<double, 2>();
+  auto W = wo.accessor<double, 2>();
   double nn = 0;
   for (int64_t c = 0; c < d; ++c) nn += K[h][j][c] * K[h][j][c];
   const double sc = -std::sqrt(nn);
@@ -461,7 +462,7 @@ TEST_CASE("criticalkv keeps the scorer's best half, then the best of (score + ep
   // 2 KV heads, 2 query heads each, d = 4, hidden = 6.
   auto kv = random_region(30, 2, 2, 2, 4, 13);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(14);
-  kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
+  kv.context.provide(inputs::out_proj, at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble)));  // [hidden, Hq·d]
   for (int64_t b : {int64_t(6), int64_t(15)}) {
     INFO("budget=" << b);
     auto out = make_compressor("criticalkv:knorm", nlohmann::json::object())->compress(kv, entries(b));
@@ -475,10 +476,10 @@ TEST_CASE("criticalkv keeps the scorer's best half, then the best of (score + ep
     }
   }
   LayerKV no_wo = kv;
-  no_wo.out_proj = at::Tensor();
+  no_wo.context.drop(inputs::out_proj);
   CHECK_THROWS_WITH_AS(make_compressor("criticalkv:knorm", {})->compress(no_wo, entries(6)),
                        doctest::Contains("output projection W_o"), Error);
-  CHECK(compressor_info("criticalkv").needs_out_proj);
+  CHECK(compressor_info("criticalkv").reads(inputs::out_proj));
 }
 
 TEST_CASE("criticaladakv shares the layer's budget as adakv, then runs criticalkv's two stages per head (naive loop)") {
@@ -487,7 +488,7 @@ TEST_CASE("criticaladakv shares the layer's budget as adakv, then runs criticalk
   auto kv = random_region(30, 2, 2, 2, 4, 21);
   kv.keys[1].mul_(0.4);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(22);
-  kv.out_proj = at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble));  // [hidden, Hq·d]
+  kv.context.provide(inputs::out_proj, at::randn({6, 4 * 4}, gen, at::TensorOptions().dtype(at::kDouble)));  // [hidden, Hq·d]
   for (int64_t b : {int64_t(6), int64_t(15)}) {
     INFO("budget=" << b);
     auto out = make_compressor("criticaladakv:knorm", nlohmann::json::object())->compress(kv, entries(b));
@@ -517,7 +518,7 @@ TEST_CASE("criticaladakv shares the layer's budget as adakv, then runs criticalk
       CHECK(got == want);
     }
   }
-  CHECK(compressor_info("criticaladakv").needs_out_proj);
+  CHECK(compressor_info("criticaladakv").reads(inputs::out_proj));
 }
 
 // Compactor's scores by loops (sketch_dimension 0: exact leverage with the 1e-2 ridge): keys
@@ -528,7 +529,7 @@ std::vector<std::vector<double>> naive_compactor(const LayerKV& kv, int64_t s0, 
   const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0),
                 g = h_q / h_kv, lo = s0, hi = n - s1, m = hi - lo;
   auto pos = at::arange(lo, hi, at::kLong).unsqueeze(0).expand({h_kv, m}).contiguous();
-  auto pre = rotate_by(kv.keys.narrow(1, lo, m), -pos, kv.rope_inv_freq);  // [Hkv, m, d]
+  auto pre = rotate_by(kv.keys.narrow(1, lo, m), -pos, kv.context.get(inputs::rope_inv_freq));  // [Hkv, m, d]
   auto P = pre.accessor<double, 3>();
   auto K = kv.keys.accessor<double, 3>();
   auto V = kv.values.accessor<double, 3>();
@@ -588,7 +589,7 @@ TEST_CASE("compactor blends the keys' leverage with chunked non-causal attention
   // last one padded).
   auto kv = random_region(50, 50, 2, 2, 8, 43);
   kv.query_pos = at::arange(50, at::kLong);
-  kv.rope_inv_freq = rope_inv_freq(10000.0, 8, RopeScaling{});
+  kv.context.provide(inputs::rope_inv_freq, rope_inv_freq(10000.0, 8, RopeScaling{}));
   const nlohmann::json p = {{"sink_start", 3}, {"sink_end", 4}, {"chunk_size", 16}, {"sketch_dimension", 0}};
   for (double blend : {0.5, 0.0}) {
     INFO("blending=" << blend);
@@ -680,7 +681,7 @@ TEST_CASE("kvzip keeps the best reconstruction scores of the whole model, or of 
     for (int64_t l = 0; l < n_layers; ++l) {
       if (l == 2) continue;
       kv.layer = static_cast<int>(l);
-      kv.reconstruction_scores = scores;
+      kv.context.provide(inputs::reconstruction_scores, scores);
       const CompressedKV out = c->compress(kv, entries(b));
       for (int64_t h = 0; h < h_kv; ++h) {
         std::vector<int64_t> got;
@@ -696,7 +697,7 @@ TEST_CASE("kvzip keeps the best reconstruction scores of the whole model, or of 
     if (!layerwise) CHECK(want[0][0].size() + want[0][1].size() > size_t(h_kv * b));  // heads and layers unequal
   }
   // No scores (replay): an error that says what is missing.
-  kv.reconstruction_scores = at::Tensor();
+  kv.context.drop(inputs::reconstruction_scores);
   CHECK_THROWS_WITH_AS(make_compressor("kvzip", nlohmann::json::object())->compress(kv, entries(b)),
                        doctest::Contains("second prefill"), Error);
 }

@@ -100,16 +100,18 @@ TEST_CASE("generation and replay agree where they meet, for every method at a bu
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
     if (info.needs_model()) continue;  // criticalkv, kvzip: replay cannot run them (no model)
-    if (info.needs_calibration) continue;  // duo_attention: its scores are the model's (own tests)
+    if (info.calibration) continue;  // duo_attention: its scores are the model's (own tests)
     const MethodSpec m = method(info.name);
     const Budget b = info.halving ? Budget::of_halvings(2) : Budget::of_ratio(0.25);
     CompressOptions co;
     co.budget = b;
     co.seed = 5;
     // Generation: compress the prefill's layer, then decode one token through the cache.
+    Context context;
+    context.provide(inputs::rope_inv_freq, u.inv_freq);
     CompressedLayer layer = compress_layer(*m.compressor, co, t.k.narrow(1, 0, n), t.v.narrow(1, 0, n),
                                            t.q.narrow(1, 0, n_obs), keep_first, 0, 0, 1, nullptr, false, false,
-                                           at::Tensor(), u.inv_freq);
+                                           context);
     CompressedAttention attn({layer});
     // A sliding window the position lies past is refused, in one line naming it (issue 24).
     CHECK_THROWS_WITH_AS(attn.attend(0, t.q.narrow(1, n_obs, 1), t.k.narrow(1, n, 1), t.v.narrow(1, n, 1), n,
@@ -361,7 +363,7 @@ void check_batched_equals_sequential(const Model& model, const std::vector<int64
   std::vector<BranchSpec> specs;
   for (const auto& info : compressor_infos()) {
     const std::string name = info.name == "adakv" || info.name == "criticalkv" ? info.name + ":snapkv" : info.name;
-    const MethodSpec m = info.needs_calibration ? duo_method(model) : method(name);
+    const MethodSpec m = info.calibration ? duo_method(model) : method(name);
     specs.push_back({m, info.halving ? Budget::of_halvings(1) : Budget::of_ratio(0.5), 7, 0, 0});
   }
   specs.push_back({method("snapkv"), Budget::of_ratio(0.25), 7, 4, 8, true, true});  // exact parts, counted whole

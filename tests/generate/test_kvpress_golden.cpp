@@ -214,7 +214,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           kv.values = t[2];
           kv.queries = t[0];  // every prompt query, as kvpress
           kv.query_pos = at::arange(t[1].size(1), at::kLong);
-          kv.rope_inv_freq = model.inv_freq;
+          kv.context.provide(inputs::rope_inv_freq, model.inv_freq);
           mine = ea->keep_scores(kv, CompressOptions());
         } else {
           mine = press == "KnormPress"     ? knorm_scores(t[1])
@@ -286,9 +286,12 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         const int64_t w = c->observation_queries() < 0 ? n : std::min<int64_t>(n, c->observation_queries());
         CompressOptions co;
         co.budget = Budget::of_entries(b);
+        Context context;
+        context.provide(inputs::rope_inv_freq, model.inv_freq);
+        context.provide(inputs::out_proj, model.weights.layers[l].wo);
         CompressedLayer cl = compress_layer(*c, co, t[1], t[2], w > 0 ? t[0].narrow(1, n - w, w) : at::Tensor(), 0, 0,
                                             static_cast<int>(l), static_cast<int>(n_layers), nullptr, false, false,
-                                            at::Tensor(), model.inv_freq, model.weights.layers[l].wo);
+                                            context);
         for (int64_t h = 0; h < h_kv; ++h) {
           std::set<int64_t> mine;
           const json kept = cl.kept(h);  // (a temporary's ["positions"] would dangle in the loop)

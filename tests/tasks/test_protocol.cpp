@@ -73,7 +73,7 @@ TEST_CASE("presets: every method has a paper preset with its source; bad names f
     INFO("method=", info.name);
     const MethodPreset p = method_preset(info.name, "paper");
     CHECK(!p.source.empty());
-    if (info.name == "chelsea" || info.needs_calibration) continue;  // need their calibration files (below)
+    if (info.name == "chelsea" || info.calibration) continue;  // need their calibration files (below)
     const MethodSpec m = one(info.name, "paper");
     CHECK(m.preset == "paper");
     if (p.keep_first > 0) CHECK(m.keep_first == p.keep_first);

@@ -132,8 +132,7 @@ int64_t CompressedLayer::entries() const {
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms, bool stream, bool count_whole,
-                               const at::Tensor& attention_sums, const at::Tensor& rope_inv_freq, const at::Tensor& out_proj,
-                               const at::Tensor& reconstruction_scores) {
+                               const Context& context) {
   const int64_t n = k.size(1), n_obs = q_obs.defined() ? q_obs.size(1) : 0;
   CompressOptions region_opt = opt;
   const bool whole = count_whole && opt.budget.is_set() && !opt.budget.is_halvings() && n > 0;
@@ -152,18 +151,9 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
   LayerKV region = region_of(k, v, begin, end, q_obs,
                              n_obs ? at::arange(n - n_obs, n, k.options().dtype(at::kLong)) : at::Tensor(), layer,
                              n_layers);
-  region.rope_inv_freq = rope_inv_freq;
-  region.out_proj = out_proj;
-  if (reconstruction_scores.defined()) {
-    KVLAB_CHECK(reconstruction_scores.dim() == 3 && reconstruction_scores.size(2) == n,
-                "compress_layer: reconstruction scores must be [n_layers, n_kv_heads, {}]", n);
-    region.reconstruction_scores = reconstruction_scores.narrow(2, begin, end - begin);  // [L, Hkv, end - begin]
-  }
-  if (attention_sums.defined()) {
-    KVLAB_CHECK(n_obs == n && attention_sums.size(1) == n, "compress_layer: attention sums need every prompt query "
-                "({} of {}) and one sum per position ({})", n_obs, n, attention_sums.size(1));
-    region.attention_sums = attention_sums.narrow(1, begin, end - begin);  // [Hq, end - begin]
-  }
+  KVLAB_CHECK(!context.has(inputs::attention_sums) || n_obs == n,
+              "compress_layer: attention sums need every prompt query ({} of {})", n_obs, n);
+  region.context = context.narrowed(begin, end - begin);
   CompressedLayer out;
   out.n_positions = n;
   auto t0 = std::chrono::steady_clock::now();

@@ -89,18 +89,12 @@ struct CompressedLayer {
 // layer, the exact parts inside it — the region gets the budget less keep_first and keep_last (the
 // exact parts shrink when they would take it all). Halvings (--T) stay a budget of the region. A
 // streaming method (stream = true) keeps its ratio of the tokens it has seen, unconverted.
-// `attention_sums` [Hq, n] float64 (optional, only with q_obs = every prompt query): the prefill's
-// per-query-head attention sums (LayerKV::attention_sums), narrowed to the region.
-// `rope_inv_freq` [head_dim / 2] (optional): the model's RoPE frequencies (LayerKV::rope_inv_freq).
-// `out_proj` [hidden, Hq * d] (optional): the layer's output projection (LayerKV::out_proj).
-// `reconstruction_scores` [n_layers, Hkv, n] (optional): every layer's KVzip scores
-// (LayerKV::reconstruction_scores), narrowed to the region as the keys are.
+// `context`: what the method may read beyond the region (compress/context.h), its inputs over the
+// layer's positions 0..n-1; the region sees them narrowed as the keys are.
 CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
-                               bool count_whole = false, const at::Tensor& attention_sums = at::Tensor(),
-                               const at::Tensor& rope_inv_freq = at::Tensor(), const at::Tensor& out_proj = at::Tensor(),
-                               const at::Tensor& reconstruction_scores = at::Tensor());
+                               bool count_whole = false, const Context& context = Context());
 
 // A sliding layer of a model whose sliding layers interleave with global ones (gemma3: five local
 // layers of 512 tokens, then a global one) is never compressed: its cache is already bounded by

@@ -117,4 +117,17 @@ MethodPreset paper_preset_adakv() {
           ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_adakv() {
+  CompressorInfo m;
+  m.name = "adakv";
+  m.description =
+      "a scorer's budget shared across a layer's KV heads, each head at least alpha of it (Ada-KV; kvpress AdaKVPress)";
+  m.make = make_adakv;
+  m.paper = paper_preset_adakv;
+  m.cost = {1.0, "known: the scorer's cost + a top-k over H n",
+            "known cost: the wrapped scorer's, then a per-head top-k and one over the layer's H·n scores (Ada-KV, Feng et al.)"};
+  m.wrapper = true;
+  return m;
+}
 }  // namespace kvlab

@@ -293,4 +293,17 @@ MethodPreset paper_preset_balancekv() {
           "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_balancekv() {
+  CompressorInfo m;
+  m.name = "balancekv";
+  m.description =
+      "T discrepancy halvings by a self-balancing walk, bias log w (BalanceKV, practical)";
+  m.make = make_balancekv;
+  m.paper = paper_preset_balancekv;
+  m.cost = {1.0, "BalanceKV §4+Thm 3.2: O(n b d)/halving",
+            "BalanceKV §4.1 (SoftmaxBalance run in parallel on blocks of b) with Theorem 3.2 (SoftmaxBalance on m points: O((d+s)m²)): O(n·b·(d+s)) per halving, geometric over T; derived, the paper states no total"};
+  m.halving = true;
+  return m;
+}
 }  // namespace kvlab

@@ -445,4 +445,18 @@ MethodPreset paper_preset_balancekv_mr() {
           "no end-to-end run in BalanceKV; defaults with the LongBench run's 32 sinks + 32 recent", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_balancekv_mr() {
+  CompressorInfo m;
+  m.name = "balancekv-mr";
+  m.description =
+      "BalanceKV's streaming MergeAndReduce + value-norm buckets, num/den sets (Alg. 1-3)";
+  m.make = make_balancekv_mr;
+  m.paper = paper_preset_balancekv_mr;
+  m.cost = {1.0, "BalanceKV Thm 3.1/3.3: O(n t d)",
+            "BalanceKV §3.2 proof of Theorem 3.3: O(n/t) SoftmaxBalance calls on batches of <= t points, each O(d·t²), i.e. O*(1/ε²) per stream step (Theorem 3.1) and O(n·t·d) for n tokens with t fixed"};
+  m.halving = true;
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

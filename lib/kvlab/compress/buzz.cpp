@@ -553,4 +553,45 @@ MethodPreset paper_preset_buzz_logn() {
   return p;
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_buzz() {
+  CompressorInfo m;
+  m.name = "buzz";
+  m.description =
+      "sink + interval-sampled old + local-max hives of new tokens + window (BUZZ)";
+  m.make = make_buzz;
+  m.paper = paper_preset_buzz;
+  m.cost = {1.0, "BUZZ §3.3: O(n) (abstract: 'log n')",
+            "BUZZ §3.3 'Time Complexity': O(1) per chunk for chunking and each local heavy hitter, overall O(n), attention scores excluded; the abstract and §5 speak of 'log n time complexity', not derived"};
+  m.streaming = true;
+  return m;
+}
+
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_buzz_interval() {
+  CompressorInfo m;
+  m.name = "buzz-interval";
+  m.description =
+      "BUZZ with interval sampling for new tokens too (Fig. 8b ablation)";
+  m.make = make_buzz_interval;
+  m.paper = paper_preset_buzz_interval;
+  m.cost = {1.0, "BUZZ §3.3: O(n)",
+            "BUZZ §3.3 (as buzz); interval sampling is O(1) per kept token"};
+  m.streaming = true;
+  return m;
+}
+
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_buzz_logn() {
+  CompressorInfo m;
+  m.name = "buzz-logn";
+  m.description =
+      "BUZZ with logits scaled by log_512(n) (BUZZ §3.5)";
+  m.make = make_buzz_logn;
+  m.paper = paper_preset_buzz_logn;
+  m.cost = {1.0, "BUZZ §3.3: O(n)",
+            "BUZZ §3.3 (as buzz); §3.5's log n only rescales logits"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

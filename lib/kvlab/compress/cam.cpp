@@ -325,4 +325,17 @@ MethodPreset paper_preset_cam() {
           "CaM §5 and zyxxmu/cam: StreamingLLM eviction with 4 sinks, merge budget 32", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_cam() {
+  CompressorInfo m;
+  m.name = "cam";
+  m.description =
+      "StreamingLLM eviction, evicted values merged into the next tokens (CaM)";
+  m.make = make_cam;
+  m.paper = paper_preset_cam;
+  m.cost = {1.0, "known: eviction + merges O(n m d)",
+            "known cost: StreamingLLM eviction plus merging each evicted value into m kept ones, O(n·m·d) for fixed m (CaM, Zhang et al.)"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

@@ -116,4 +116,16 @@ MethodPreset paper_preset_clustergen() {
           0, 0, "ClusterGen §4 / Table 3: recent window = k centres (half the budget each), unweighted", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_clustergen() {
+  CompressorInfo m;
+  m.name = "clustergen";
+  m.description =
+      "recent window + greedy k-center centres, bias log(cluster size) (ClusterGen)";
+  m.make = make_clustergen;
+  m.paper = paper_preset_clustergen;
+  m.cost = {std::numeric_limits<double>::quiet_NaN(), "§4 k-center: not stated (Gonzalez: n k d)",
+            "ClusterGen §4: greedy k-center 'applied once to the entire KV cache', cost not stated (Gonzalez: O(n·k·d), k ∝ n at a fixed ratio -> n²); Theorem 2.4's O(d(mt+s)) per step is for Algorithm 1 (kvlab's subgen)"};
+  return m;
+}
 }  // namespace kvlab

@@ -19,7 +19,7 @@
 // The blend is `blending`·leverage + attention, `blending` defaulting to the fraction removed
 // (kvpress: compression_ratio). The `budget` highest are kept exact (bias 0).
 //
-//   keys, values  [Hkv, n, d]      region; pre-RoPE keys by un-rotating with LayerKV::rope_inv_freq
+//   keys, values  [Hkv, n, d]      region; pre-RoPE keys by un-rotating with the context's rope_inv_freq
 //   queries       [Hq, n_obs, d]   post-RoPE at query_pos; those inside the region score their chunk
 //   Φ             [Hkv, d, k]      float64 normal from a CPU generator seeded with opt.seed, / √k
 //   scores        [Hkv, n] float64 (+inf at the sinks)
@@ -148,15 +148,15 @@ class Compactor final : public Compressor {
   int64_t observation_queries() const override { return o_.attention ? -1 : 0; }
 
   at::Tensor keep_scores(const LayerKV& kv, const CompressOptions& opt) const override {
-    KVLAB_CHECK(kv.rope_inv_freq.defined(), "compactor: the region came without the model's RoPE frequencies "
-                "(LayerKV::rope_inv_freq), needed for the pre-RoPE keys of its leverage scores");
+    KVLAB_CHECK(kv.context.has(inputs::rope_inv_freq), "compactor: the region came without the model's RoPE "
+                "frequencies (input rope_inv_freq), needed for the pre-RoPE keys of its leverage scores");
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t lo = std::min(o_.sink_start, n), hi = n - std::min(o_.sink_end, n - lo);
     auto scores = at::full({h_kv, n}, std::numeric_limits<double>::infinity(), at::kDouble);  // [Hkv, n]
     if (hi <= lo) return scores;
     const int64_t m = hi - lo;
     auto pos = at::arange(kv.pos0 + lo, kv.pos0 + hi, at::kLong).unsqueeze(0).expand({h_kv, m});
-    auto pre = rotate_by(kv.keys.to(at::kCPU, at::kDouble).narrow(1, lo, m), -pos, kv.rope_inv_freq.to(at::kCPU));
+    auto pre = rotate_by(kv.keys.to(at::kCPU, at::kDouble).narrow(1, lo, m), -pos, kv.context.get(inputs::rope_inv_freq).to(at::kCPU));
     auto lev = z_normalise(leverage_scores(pre, o_.sketch, opt.seed));                       // [Hkv, m]
     if (!o_.attention) {  // LeverageScorePress: the leverage half alone
       scores.narrow(1, lo, m).copy_(lev);
@@ -198,4 +198,17 @@ MethodPreset paper_preset_compactor() {
           ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_compactor() {
+  CompressorInfo m;
+  m.name = "compactor";
+  m.description =
+      "approximate leverage of the pre-RoPE keys blended with chunked non-causal attention times |v|, query-agnostic (Compactor; kvpress CompactorPress)";
+  m.make = make_compactor;
+  m.paper = paper_preset_compactor;
+  m.cost = {1.0, "known: sketch + Cholesky O(n d k + k^3), chunked attention O(n c d)",
+            "known cost: the sketched Gram matrix O(n·d·k) and its Cholesky O(k³), attention within chunks of c positions O(n·c·d), and a top-k (Compactor, Chari & Van Durme 2025)"};
+  m.inputs = {inputs::rope_inv_freq};
+  return m;
+}
 }  // namespace kvlab

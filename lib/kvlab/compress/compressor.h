@@ -13,13 +13,16 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/compress/budget.h"
+#include "kvlab/compress/context.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/stream.h"
 
@@ -39,23 +42,9 @@ struct LayerKV {
   at::Tensor suffix_keys;  // [n_kv_heads, m, head_dim] at positions pos0+n .. pos0+n+m-1
   int layer = 0;         // 0-based layer index (PyramidKV's per-layer budgets)
   int n_layers = 1;
-  // Optional, [n_q_heads, n] float64: for each query head, Σ over every query of `queries` of its
-  // post-softmax attention on each region key (causal, softmax over all it sees). Generation's
-  // exact prefill computes it once per prompt and every branch scoring with all its queries shares
-  // it (h2o/cam with every query, buzz); detail::accumulated_attention uses it for gqa_reduce mean
-  // and sum. Undefined = computed from the queries. Dropped when the queries are narrowed.
-  at::Tensor attention_sums;
-  // Optional, [head_dim / 2] float32: the RoPE frequencies the keys and queries were rotated with
-  // (attention/rope.h; undefined = unknown). expected_attention un-rotates the queries with them.
-  at::Tensor rope_inv_freq;
-  // Optional, [hidden, n_q_heads * head_dim]: the layer's output projection W_o (the model's wo;
-  // undefined = unknown, e.g. in replay: captures hold no weights). criticalkv weighs values by ‖W_o v‖₁.
-  at::Tensor out_proj;
-  // Optional, [n_layers, n_kv_heads, n] float32: every layer's KVzip context-reconstruction scores
-  // on the region (generate/reconstruction.h: a second prefill through the model; undefined in
-  // replay), NaN rows for layers that are not compressed (sliding window layers). kvzip ranks them
-  // across layers; `layer` is this one.
-  at::Tensor reconstruction_scores;
+  // What the method may read beyond the region (context.h: attention sums, RoPE frequencies, W_o,
+  // reconstruction scores, ...), each made on first use; its registry entry says which it reads.
+  Context context;
 
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }
@@ -169,7 +158,8 @@ class Params {
   std::string method_;
 };
 
-// Registry (registry.cpp): an explicit table, one entry per method with every fact about it.
+// Registry (registry.cpp): a list of methods, each stating its own facts in its file as a function
+// `CompressorInfo method_<id>()` (snapkv.cpp: method_snapkv).
 //
 // What a method's paper says its compression costs, as an exponent of n (the time of compressing
 // or streaming n tokens under the paper's own parameters held fixed); NaN = the source states none.
@@ -182,31 +172,33 @@ struct CostClaim {
 struct CompressorInfo {
   std::string name;
   std::string description;  // one line, for --list-methods
-  std::unique_ptr<Compressor> (*make)(const nlohmann::json& params);
+  std::unique_ptr<Compressor> (*make)(const nlohmann::json& params) = nullptr;
   // The setting of the paper's end-to-end experiments, with its sources (preset.h; defined and
   // cited in the method's file).
-  MethodPreset (*paper)();
+  MethodPreset (*paper)() = nullptr;
+  CostClaim cost{std::numeric_limits<double>::quiet_NaN(), "", ""};
   // Reaches a budget by T halvings (keeps ⌊n/2^T⌋): compared at a T, not at an arbitrary budget.
   bool halving = false;
-  // Compresses as tokens arrive during decoding, as its paper does; false = prefill-only (decoded
-  // tokens are appended exactly, as the papers and peer tools do).
+  // kvlab compresses the tokens decoded after the prefill too (Compressor::start_stream gives a
+  // stream; test_contract checks the two agree); false = prefill only: decoded tokens are appended
+  // exactly, as the papers and peer tools do for such methods.
   bool streaming = false;
-  CostClaim cost;
   // Wraps a per-head scorer (adakv): `--method adakv:expected_attention` composes it with one; the
   // bare name uses the scorer of its paper preset. The wrapper's own parameters are `scorer` and
   // those its paper preset sets besides the scorer's.
   bool wrapper = false;
-  // Needs the layer's output projection (LayerKV::out_proj: criticalkv): runs in generation and the
-  // task commands, where the model is loaded; replay refuses it (captures hold no weights).
-  bool needs_out_proj = false;
-  // Needs a second prefill through the model (Compressor::reconstruction: kvzip); replay refuses it.
-  bool needs_reconstruction = false;
+  // The context inputs it reads (context.h `inputs::`), e.g. {inputs::out_proj}. Only generation
+  // and the task commands, where the model is loaded, give out_proj and reconstruction_scores: replay
+  // refuses a method reading them (captures hold no weights).
+  std::vector<std::string> inputs;
   // Compresses only with a calibration file its parameters name (duo_attention's head scores from
   // `kvlab calibrate duo`; its paper preset's required_file): without one it refuses, so the
-  // every-method tests leave it to its own.
-  bool needs_calibration = false;
+  // every-method tests and --method all leave it to its own.
+  bool calibration = false;
+
+  bool reads(const std::string& input) const { return std::find(inputs.begin(), inputs.end(), input) != inputs.end(); }
   // Runs only where the model is loaded (generation, ppl, the task commands), not on a capture.
-  bool needs_model() const { return needs_out_proj || needs_reconstruction; }
+  bool needs_model() const { return reads(inputs::out_proj) || reads(inputs::reconstruction_scores); }
 };
 
 // `name` may compose a wrapper with a scorer, "adakv:knorm" (the scorer given as the wrapper's
@@ -216,11 +208,11 @@ std::unique_ptr<Compressor> make_compressor(const std::string& name, const nlohm
 // the closest.
 const CompressorInfo& compressor_info(const std::string& name);
 const std::vector<CompressorInfo>& compressor_infos();
+// Adds a method whose file is outside the library (a test's, or a researcher's own) to the list,
+// after kvlab's; a name already listed is an error. Not thread-safe: call before compressing.
+void add_compressor(CompressorInfo info);
 std::vector<std::string> compressor_names();
 // The named preset (preset.h: "default" | "paper") of a method.
 MethodPreset method_preset(const std::string& name, const std::string& preset);
-// Whether the method (default parameters) keeps compressing while decoding: its start_stream
-// gives a stream (probed on a tiny region).
-bool streams_while_decoding(const std::string& name);
 
 }  // namespace kvlab

@@ -16,7 +16,7 @@
 //            to the best of those.
 //
 //   scores    [Hkv, n] float64 from the scorer (+inf = always kept)
-//   out_proj  [hidden, Hq·d] LayerKV::out_proj, the layer's W_o
+//   out_proj  [hidden, Hq·d] the context's out_proj, the layer's W_o
 //   wov       [Hkv, n] mean over the group of ‖W_o,h v_j‖₁
 //
 // Parameters: scorer [snapkv], epsilon [1e-4], first_stage_ratio [0.5]; every other parameter is the
@@ -100,8 +100,8 @@ struct CriticalParams {
 
   // The scorer's [Hkv, n] scores, after checking the layer's W_o is there.
   at::Tensor scores(const LayerKV& kv, const CompressOptions& opt, const std::string& method) const {
-    KVLAB_CHECK(kv.out_proj.defined(), "{}: needs the layer's output projection W_o, which captures do not hold, so "
-                "`kvlab replay` cannot run it (LayerKV::out_proj); run it in generation or a task command, where the "
+    KVLAB_CHECK(kv.context.has(inputs::out_proj), "{}: needs the layer's output projection W_o, which captures do not hold, so "
+                "`kvlab replay` cannot run it (input out_proj); run it in generation or a task command, where the "
                 "model is loaded", method);
     at::Tensor s = scorer->keep_scores(kv, opt);  // [Hkv, n]
     KVLAB_CHECK(s.defined(), "{}: scorer '{}' gives no per-position scores", method, scorer_name);
@@ -125,7 +125,7 @@ class CriticalKV final : public Compressor {
                         ? static_cast<int64_t>(opt.budget.ratio * double(n) * p_.first_stage)
                         : static_cast<int64_t>(double(b) * p_.first_stage);
     if (p_.first_stage > 0) first = std::max<int64_t>(1, first);
-    auto out = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+    auto out = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.context.get(inputs::out_proj))).contiguous();
     const double* sc = scores.data_ptr<double>();
     double* o = out.data_ptr<double>();
     for (int64_t h = 0; h < h_kv; ++h)
@@ -156,7 +156,7 @@ class CriticalAdaKV final : public Compressor {
     const at::Tensor scores = p_.scores(kv, opt, "criticaladakv");  // [Hkv, n]
     const double* sc = scores.data_ptr<double>();
     const std::vector<char> ada = detail::adakv_selection(sc, h_kv, n, b, p_.alpha);  // [Hkv·n] the layer's H·b
-    const at::Tensor wov = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.out_proj)).contiguous();
+    const at::Tensor wov = ((scores + p_.epsilon) * projected_value_norms(kv.values, kv.context.get(inputs::out_proj))).contiguous();
     const double* re = wov.data_ptr<double>();  // [Hkv, n] stage 2's scores
     const int64_t n_safe = detail::adakv_safeguard(b, p_.alpha);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
@@ -215,4 +215,33 @@ MethodPreset paper_preset_criticalkv() {
           ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_criticalkv() {
+  CompressorInfo m;
+  m.name = "criticalkv";
+  m.description =
+      "a scorer's top half kept, the rest by score times |W_o v|_1 (CriticalKV; kvpress CriticalKVPress); needs the model's W_o";
+  m.make = make_criticalkv;
+  m.paper = paper_preset_criticalkv;
+  m.cost = {1.0, "known: the scorer's cost + O(H n d D) projected values",
+            "known cost: the wrapped scorer's, then each value through its head's slice of W_o, O(H·n·d·D) for hidden size D, and a top-k (CriticalKV, Feng et al. 2025)"};
+  m.wrapper = true;
+  m.inputs = {inputs::out_proj};
+  return m;
+}
+
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_criticaladakv() {
+  CompressorInfo m;
+  m.name = "criticaladakv";
+  m.description =
+      "adakv's budgets across a layer's KV heads, then criticalkv's two stages on each head's own (CriticalAdaKV; kvpress CriticalAdaKVPress); needs the model's W_o";
+  m.make = make_criticaladakv;
+  m.paper = paper_preset_criticaladakv;
+  m.cost = {1.0, "known: the scorer's cost + O(H n d D) projected values",
+            "known cost: the wrapped scorer's, a top-k over the layer's H·n scores, each value through its head's slice of W_o, O(H·n·d·D), and per-head top-ks (CriticalKV, Feng et al. 2025)"};
+  m.wrapper = true;
+  m.inputs = {inputs::out_proj};
+  return m;
+}
 }  // namespace kvlab

@@ -217,4 +217,17 @@ MethodPreset paper_preset_duo_attention() {
           "--out calibration/duo_heads_{model}.json"};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_duo_attention() {
+  CompressorInfo m;
+  m.name = "duo_attention";
+  m.description =
+      "retrieval heads keep every entry, streaming heads only 128 sinks + 256 recent, heads ranked by calibrated scores over the model (DuoAttention; kvpress DuoAttentionPress on-the-fly)";
+  m.make = make_duo_attention;
+  m.paper = paper_preset_duo_attention;
+  m.cost = {1.0, "known: a sort of the L·H head scores and an index gather, O(n d)",
+            "derived: the scores come from a calibration run made once per model (kvlab calibrate duo); compressing sorts L·H scores and gathers the kept rows"};
+  m.calibration = true;
+  return m;
+}
 }  // namespace kvlab

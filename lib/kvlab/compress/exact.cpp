@@ -29,4 +29,16 @@ std::unique_ptr<Compressor> make_exact(const nlohmann::json& params) {
 // Preset "paper": the full cache has no parameters.
 MethodPreset paper_preset_exact() { return {nlohmann::json::object(), 0, 0, "the full cache (no parameters)", "", ""}; }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_exact() {
+  CompressorInfo m;
+  m.name = "exact";
+  m.description =
+      "full cache, no compression (the reference)";
+  m.make = make_exact;
+  m.paper = paper_preset_exact;
+  m.cost = {std::numeric_limits<double>::quiet_NaN(), "no work (keep_all)",
+            "not stated: the identity"};
+  return m;
+}
 }  // namespace kvlab

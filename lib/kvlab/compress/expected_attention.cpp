@@ -13,7 +13,7 @@
 // the cache's keys past the sinks; it is averaged over the query heads of a KV head, multiplied by
 // (· + ε)·‖v‖, and the `budget` best are kept exact (bias 0). Positions below n_sink are kept.
 //
-//   queries   [Hq, n_obs, d] post-RoPE at query_pos; un-rotated with LayerKV::rope_inv_freq
+//   queries   [Hq, n_obs, d] post-RoPE at query_pos; un-rotated with the context's rope_inv_freq
 //   mu        [Hq, d], cov [Hq, d, d]    after R̄
 //   scores    [Hkv, n] float64 (+inf at positions < n_sink)
 //
@@ -66,8 +66,8 @@ at::Tensor average_rope_rotation(const at::Tensor& inv_freq, int64_t t0, int64_t
 
 at::Tensor expected_attention_scores(const LayerKV& kv, const EAOptions& o) {
   detail::require_queries(kv, "expected_attention");
-  KVLAB_CHECK(kv.rope_inv_freq.defined(), "expected_attention: the region came without the model's RoPE "
-              "frequencies (LayerKV::rope_inv_freq), needed to undo RoPE on the queries");
+  KVLAB_CHECK(kv.context.has(inputs::rope_inv_freq), "expected_attention: the region came without the model's RoPE "
+              "frequencies (input rope_inv_freq), needed to undo RoPE on the queries");
   const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), h_q = kv.n_q_heads(), g = h_q / h_kv;
   auto q = kv.queries.to(at::kCPU, at::kDouble);                                     // [Hq, n_obs, d]
   auto qpos = detail::query_positions(kv).to(at::kCPU, at::kLong);                   // [n_obs]
@@ -76,7 +76,7 @@ at::Tensor expected_attention_scores(const LayerKV& kv, const EAOptions& o) {
   q = q.index_select(1, use);
   qpos = qpos.index_select(0, use);
   const int64_t m = q.size(1), d = q.size(2);
-  auto inv = kv.rope_inv_freq.to(at::kCPU);
+  auto inv = kv.context.get(inputs::rope_inv_freq).to(at::kCPU);
   auto q_pre = rotate_by(q, (-qpos).unsqueeze(0).expand({h_q, m}).contiguous(), inv);  // [Hq, m, d] pre-RoPE
   auto mu = q_pre.mean(1);                                                            // [Hq, d]
   auto r = average_rope_rotation(inv, qpos.max().item<int64_t>() + 1, o.n_future);    // [d, d]
@@ -156,4 +156,17 @@ MethodPreset paper_preset_expected_attention() {
           ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_expected_attention() {
+  CompressorInfo m;
+  m.name = "expected_attention";
+  m.description =
+      "attention expected from a Gaussian of the prompt's pre-RoPE queries moved to future positions, times |v| (kvpress ExpectedAttentionPress)";
+  m.make = make_expected_attention;
+  m.paper = paper_preset_expected_attention;
+  m.cost = {1.0, "known: query statistics O(m d^2) + O(n d^2) scores",
+            "known cost: the mean and covariance of m queries O(m·d²) per head, then k·mu and k^T Sigma k for n keys, O(n·d²), and a top-k (Devoto et al. 2025)"};
+  m.inputs = {inputs::rope_inv_freq};
+  return m;
+}
 }  // namespace kvlab

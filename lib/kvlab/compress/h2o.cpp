@@ -321,4 +321,17 @@ MethodPreset paper_preset_h2o() {
           0, 0, "H2O §5 and FMInference/H2O: heavy/recent 50/50, scores from every prompt query", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_h2o() {
+  CompressorInfo m;
+  m.name = "h2o";
+  m.description =
+      "recent window + heavy hitters by accumulated attention (H2O)";
+  m.make = make_h2o;
+  m.paper = paper_preset_h2o;
+  m.cost = {1.0, "known: O(n_obs n d) scores + top-k",
+            "known cost: accumulated attention of n_obs queries over n keys O(n_obs·n·d), then top-k O(n log n) (H2O, Zhang et al.)"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

@@ -64,4 +64,16 @@ MethodPreset paper_preset_keydiff() {
   return {nlohmann::json::object(), 0, 0, "Park et al. 2025 (KeyDiff) / kvpress KeyDiffPress: no parameters", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_keydiff() {
+  CompressorInfo m;
+  m.name = "keydiff";
+  m.description =
+      "the keys least like the average key direction, query-agnostic (KeyDiff; kvpress KeyDiffPress)";
+  m.make = make_keydiff;
+  m.paper = paper_preset_keydiff;
+  m.cost = {1.0, "known: one pass over the keys O(n d) + top-k",
+            "known cost: the mean unit key and one cosine per key, O(n·d), and a top-k (KeyDiff, Park et al. 2025)"};
+  return m;
+}
 }  // namespace kvlab

@@ -56,4 +56,16 @@ MethodPreset paper_preset_knorm() {
   return {nlohmann::json::object(), 0, 0, "Devoto et al. 2024 / kvpress KnormPress: no parameters", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_knorm() {
+  CompressorInfo m;
+  m.name = "knorm";
+  m.description =
+      "the keys of smallest L2 norm, query-agnostic (Devoto et al.; kvpress KnormPress)";
+  m.make = make_knorm;
+  m.paper = paper_preset_knorm;
+  m.cost = {1.0, "known: key norms O(n d) + top-k",
+            "known cost: one norm per key, O(n·d), and a top-k (Devoto et al. 2024)"};
+  return m;
+}
 }  // namespace kvlab

@@ -13,7 +13,7 @@
 // b per head (layerwise=false, the paper's and kvpress's default): layers and heads hold different
 // counts, the total is the budget's. layerwise=true cuts each layer over its heads (H·b per layer).
 //
-//   scores   LayerKV::reconstruction_scores [L, Hkv, n] float32 (NaN rows: layers not compressed)
+//   scores   the context's reconstruction_scores [L, Hkv, n] float32 (NaN rows: layers not compressed)
 //   kept     per head an ascending list of region indices, lengths differing
 //
 // Parameters: n_sink [4], chunk_size [2048] (context tokens per reconstruction forward), layerwise [false].
@@ -93,10 +93,10 @@ class Kvzip final : public Compressor {
  private:
   // [L, Hkv, n] float64 on CPU: every layer's scores, the sinks (absolute positions < n_sink) +inf.
   at::Tensor all_scores(const LayerKV& kv) const {
-    KVLAB_CHECK(kv.reconstruction_scores.defined(),
+    KVLAB_CHECK(kv.context.has(inputs::reconstruction_scores),
                 "kvzip: needs the scores of a second prefill that reconstructs the context (generation, ppl "
                 "and the task commands make them; replay has no model)");
-    const at::Tensor& r = kv.reconstruction_scores;
+    const at::Tensor& r = kv.context.get(inputs::reconstruction_scores);
     KVLAB_CHECK(r.dim() == 3 && r.size(1) == kv.n_kv_heads() && r.size(2) == kv.n_tokens() && kv.layer < r.size(0),
                 "kvzip: reconstruction scores must be [n_layers > {}, {}, {}]", kv.layer, kv.n_kv_heads(),
                 kv.n_tokens());
@@ -132,4 +132,17 @@ MethodPreset paper_preset_kvzip() {
           ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_kvzip() {
+  CompressorInfo m;
+  m.name = "kvzip";
+  m.description =
+      "attention each entry gets while the model repeats its context (a second prefill), one cut over all layers and heads, query-agnostic (KVzip; kvpress KVzipPress)";
+  m.make = make_kvzip;
+  m.paper = paper_preset_kvzip;
+  m.cost = {2.0, "known: a second prefill over the cache, O(n^2 d) per layer",
+            "known cost: the context fed again (repeat prompt + chunks of c tokens) attending over the n cached entries, O(n·(n + c)·d) per layer plus the dense layers of one more prefill, then a top-k over L·H·n scores (KVzip, Kim et al. 2025: '2-3 times the initial prefilling cost' in kvpress)"};
+  m.inputs = {inputs::reconstruction_scores};
+  return m;
+}
 }  // namespace kvlab

@@ -121,4 +121,16 @@ MethodPreset paper_preset_lagkv() {
           "Liang et al. 2025 (LagKV), the authors' lagkv_cache: sink 16, lag 128", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_lagkv() {
+  CompressorInfo m;
+  m.name = "lagkv";
+  m.description =
+      "keys and values scored against the next partition's range, rank per partition (LagKV; kvpress LagKVPress); its paper also compresses while decoding, kvlab after the prefill only";
+  m.make = make_lagkv;
+  m.paper = paper_preset_lagkv;
+  m.cost = {1.0, "known: one pass over keys and values O(n d) + top-k",
+            "known cost: per partition a min/max, a normalised std and a softmax over keys and values, O(n·d), and a top-k (LagKV, Liang et al. 2025)"};
+  return m;
+}
 }  // namespace kvlab

@@ -55,4 +55,17 @@ MethodPreset paper_preset_local() {
   return {nlohmann::json::object(), 0, 0, "StreamingLLM's window-attention baseline: no parameters", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_local() {
+  CompressorInfo m;
+  m.name = "local";
+  m.description =
+      "the most recent tokens only (sliding window)";
+  m.make = make_local;
+  m.paper = paper_preset_local;
+  m.cost = {1.0, "known: gather window O(n)",
+            "known cost: a gather of the recent window, O(budget) = O(n) at a fixed ratio"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

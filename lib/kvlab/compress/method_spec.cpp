@@ -115,7 +115,7 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     const std::string file_key = method_preset(name, "paper").required_file;
     // `all` leaves out a method that cannot run without a calibration file when none is named
     // (duo_attention without `heads`); named in --method, it runs with its file or says which it needs.
-    if (spec == "all" && compressor_info(name).needs_calibration && !file_key.empty() &&
+    if (spec == "all" && compressor_info(name).calibration && !file_key.empty() &&
         !(method_params.contains(file_key) && method_params[file_key].is_string() &&
           !method_params[file_key].get<std::string>().empty()))
       continue;
@@ -148,7 +148,7 @@ std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, c
     }
     KVLAB_CHECK(spec == "all", "--method {}: needs {}, and `kvlab {}` runs without the model (captures hold no "
                 "weights); run it in generate, ppl or a task command", m.name,
-                info.needs_out_proj ? "the layer's output projection W_o" : "a second prefill through the model",
+                info.reads(inputs::out_proj) ? "the layer's output projection W_o" : "a second prefill through the model",
                 command);
   }
   return out;

@@ -45,7 +45,7 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
 // outlier heads) must exist: the error names it and the command that makes it. With
 // `need_files` false (a command's check() before a dry run: an earlier step may make the file) a
 // method whose calibration file does not exist yet is left out of the result instead. "all" leaves
-// out the methods that need a calibration file (CompressorInfo::needs_calibration) and are given none.
+// out the methods that need a calibration file (CompressorInfo::calibration) and are given none.
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset = "default",
                                       const std::string& model = "", bool need_files = true);
@@ -54,7 +54,7 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
 // with keep_first/keep_last parameters is an error naming `flags`.
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags);
 
-// For commands that run methods without a model (replay, bench compress: LayerKV::out_proj is
+// For commands that run methods without a model (replay, bench compress: the context's out_proj is
 // undefined there): with `spec` "all" the methods that need the model (CompressorInfo::needs_model:
 // its W_o, or a second prefill through it) are left out; named explicitly they are an error naming --method
 // and `command`.

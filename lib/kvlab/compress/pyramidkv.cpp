@@ -127,4 +127,16 @@ MethodPreset paper_preset_pyramidkv() {
           0, 0, "KVCache-Factory run_longbench.py: window 8, kernel 7, max-pool, beta 20", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_pyramidkv() {
+  CompressorInfo m;
+  m.name = "pyramidkv";
+  m.description =
+      "SnapKV with budgets shrinking from bottom to top layer (PyramidKV)";
+  m.make = make_pyramidkv;
+  m.paper = paper_preset_pyramidkv;
+  m.cost = {1.0, "known: as SnapKV, O(w n d)",
+            "known cost: SnapKV's selection with a per-layer budget, O(w·n·d) (PyramidKV, Cai et al.)"};
+  return m;
+}
 }  // namespace kvlab

@@ -32,7 +32,7 @@ inline LayerKV last_queries(const LayerKV& kv, int64_t w) {
   const int64_t n_obs = kv.queries.size(1);
   if (w < 0 || w >= n_obs) return out;
   out.queries = kv.queries.narrow(1, n_obs - w, w);                      // [Hq, w, d]
-  out.attention_sums = at::Tensor();                                     // it was over every query
+  out.context.drop(inputs::attention_sums);                              // it was over every query
   if (out.query_pos.defined()) out.query_pos = out.query_pos.narrow(0, n_obs - w, w);  // [w]
   return out;
 }
@@ -61,11 +61,12 @@ inline void require_queries(const LayerKV& kv, const std::string& method) {
 inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& reduce,
                                         int64_t chunk = 0) {
   const int64_t n_obs = kv.queries.size(1), n = kv.n_tokens();
-  if (kv.attention_sums.defined() && (reduce == "mean" || reduce == "sum") &&
-      kv.attention_sums.size(0) == kv.n_q_heads() && kv.attention_sums.size(1) == n) {
+  const at::Tensor sums =
+      kv.context.has(inputs::attention_sums) ? kv.context.get(inputs::attention_sums) : at::Tensor();  // [Hq, n]
+  if (sums.defined() && (reduce == "mean" || reduce == "sum") && sums.size(0) == kv.n_q_heads() && sums.size(1) == n) {
     // The group's query heads summed (mean: averaged): Σ_q reduce_g p = reduce_g Σ_q p, both linear.
     const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
-    auto s = kv.attention_sums.to(kv.keys.device(), at::kDouble).view({kv.n_kv_heads(), g, n}).sum(1);  // [Hkv, n]
+    auto s = sums.to(kv.keys.device(), at::kDouble).view({kv.n_kv_heads(), g, n}).sum(1);  // [Hkv, n]
     return reduce == "mean" ? s / static_cast<double>(g) : s;
   }
   if (chunk <= 0) {
@@ -95,12 +96,12 @@ inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& re
   return total;
 }
 
-// kv.attention_sums from kv's queries: [n_q_heads, n] float64, each query head on its own (its KV
+// The context's attention sums (context.h inputs::attention_sums) from kv's queries: [n_q_heads, n] float64, each query head on its own (its KV
 // head's keys repeated per query head, then accumulated_attention with groups of one).
 inline at::Tensor attention_sums_per_query_head(const LayerKV& kv) {
   const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
   LayerKV per_head = kv;
-  per_head.attention_sums = at::Tensor();
+  per_head.context.drop(inputs::attention_sums);
   auto rep = [g](const at::Tensor& t) { return t.defined() ? t.repeat_interleave(g, 0) : t; };  // [Hq, ., d]
   per_head.keys = rep(kv.keys);
   per_head.values = rep(kv.values);

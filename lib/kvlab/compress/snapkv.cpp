@@ -139,4 +139,16 @@ MethodPreset paper_preset_snapkv() {
           0, 0, "SnapKV's LongBench config: window 32, kernel 7, max-pool", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_snapkv() {
+  CompressorInfo m;
+  m.name = "snapkv";
+  m.description =
+      "observation-window attention, max-pooled, top-k + window (SnapKV)";
+  m.make = make_snapkv;
+  m.paper = paper_preset_snapkv;
+  m.cost = {1.0, "known: O(w n d) window scores + top-k",
+            "known cost: the w-query observation window over n keys O(w·n·d), 1-D pooling O(n), top-k (SnapKV, Li et al.)"};
+  return m;
+}
 }  // namespace kvlab

@@ -109,4 +109,17 @@ MethodPreset paper_preset_streaming_llm() {
   return {{{"n_sink", 4}}, 0, 0, "StreamingLLM §4: 4 sink tokens + recent window", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_streaming_llm() {
+  CompressorInfo m;
+  m.name = "streaming_llm";
+  m.description =
+      "n_sink attention sinks + the most recent tokens (StreamingLLM)";
+  m.make = make_streaming_llm;
+  m.paper = paper_preset_streaming_llm;
+  m.cost = {1.0, "known: gather sinks+window O(n)",
+            "known cost: a gather of n_sink + window tokens, O(budget) = O(n) at a fixed ratio (StreamingLLM, Xiao et al.)"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

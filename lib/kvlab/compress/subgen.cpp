@@ -355,4 +355,17 @@ MethodPreset paper_preset_subgen() {
           "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_subgen() {
+  CompressorInfo m;
+  m.name = "subgen";
+  m.description =
+      "online key clusters + l2 value samples, separate num/den sets (SubGen Alg. 1)";
+  m.make = make_subgen;
+  m.paper = paper_preset_subgen;
+  m.cost = {1.0, "SubGen Thm 1: O(d(mt+s))/token; =n² if mt+s∝n",
+            "SubGen §2.4 Theorem 1: runtime O(d·(m·t + s)) per stream step, so O(n·d·(m·t+s)) for n tokens, sublinear per step when m = n^(1-Ω(1)) (Corollary 1); kvlab sets m·t + s = budget ∝ n at a fixed ratio (and bisects δ), for which the same bound gives n²"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

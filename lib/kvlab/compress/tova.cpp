@@ -147,4 +147,17 @@ MethodPreset paper_preset_tova() {
   return {nlohmann::json::object(), 0, 0, "Oren et al. 2024 (TOVA) / kvpress TOVAPress: no parameters", "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_tova() {
+  CompressorInfo m;
+  m.name = "tova";
+  m.description =
+      "the current query's head-averaged attention, lowest evicted (TOVA; kvpress TOVAPress)";
+  m.make = make_tova;
+  m.paper = paper_preset_tova;
+  m.cost = {1.0, "known: one query's attention O(H n d) per step",
+            "known cost: one query's attention over the n held keys per step, O(H·n·d), and a top-k (TOVA, Oren et al. 2024)"};
+  m.streaming = true;
+  return m;
+}
 }  // namespace kvlab

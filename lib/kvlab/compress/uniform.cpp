@@ -206,4 +206,30 @@ MethodPreset paper_preset_uniform_halving() {
           "", ""};
 }
 
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_uniform() {
+  CompressorInfo m;
+  m.name = "uniform";
+  m.description =
+      "uniformly random subset per KV head, bias log(1/ratio)";
+  m.make = make_uniform;
+  m.paper = paper_preset_uniform;
+  m.cost = {1.0, "known: random subset O(n)",
+            "known cost: a random permutation / subset of n tokens, O(n) (docs/methods.md §3)"};
+  return m;
+}
+
+// The registry's entry for this method (compressor.h CompressorInfo).
+CompressorInfo method_uniform_halving() {
+  CompressorInfo m;
+  m.name = "uniform-halving";
+  m.description =
+      "T random halvings (BalanceKV's baseline), bias T log 2";
+  m.make = make_uniform_halving;
+  m.paper = paper_preset_uniform_halving;
+  m.cost = {1.0, "known: T random halvings O(n)",
+            "known cost: T rounds of random signs over the survivors, O(n) (BalanceKV §4.1's baseline)"};
+  m.halving = true;
+  return m;
+}
 }  // namespace kvlab

@@ -111,18 +111,27 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
   const bool all_queries = spec.method.compressor->observation_queries() < 0;
   // kvzip: the context-reconstruction scores of every layer (one more forward, shared by branches).
   const ReconstructionRequest rq = spec.method.compressor->reconstruction();
-  const at::Tensor recon =
-      rq.chunk_size > 0 ? prefill.reconstruction_scores(model, rq, reconstruction_seconds) : at::Tensor();
   for (int l = 0; l < n_layers; ++l) {
     if (l < static_cast<int>(prefill.windows.size()) && prefill.windows[l] > 0) {
       layers.push_back(window_layer(prefill.k[l], prefill.v[l], prefill.windows[l]));
       continue;
     }
-    const bool share = all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1);
+    // What a method may read beyond the layer (compress/context.h), each made when one asks.
+    Context context;
+    context.provide(inputs::rope_inv_freq, model.inv_freq);
+    context.provide(inputs::out_proj, model.weights.layers[l].wo);
+    if (all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1))
+      context.provide(inputs::attention_sums, [&prefill, l] { return prefill.attention_sums(l); }, 1);  // [Hq, n]
+    if (rq.chunk_size > 0)
+      context.provide(
+          inputs::reconstruction_scores,
+          [&model, &prefill, rq, reconstruction_seconds] {
+            return prefill.reconstruction_scores(model, rq, reconstruction_seconds);  // [L, Hkv, n]
+          },
+          2);
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
-                                    spec.count_whole, share ? prefill.attention_sums(l) : at::Tensor(),
-                                    model.inv_freq, model.weights.layers[l].wo, recon));
+                                    spec.count_whole, context));
   }
   return layers;
 }

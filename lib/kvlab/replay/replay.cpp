@@ -70,7 +70,7 @@ ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const 
     q = q.index_select(0, at::tensor(qh));
   }
   ReplayUnit u = make_unit(q, k, v, p, fmt::format("{}: sample {}", cap.path(), sample));
-  {  // --rerotate and expected_attention (LayerKV::rope_inv_freq) use them
+  {  // --rerotate and expected_attention (the context's rope_inv_freq) use them
     const auto& meta = cap.meta();
     u.inv_freq = rope_inv_freq(meta.rope_theta, meta.head_dim,
                                rope_scaling_from_json(meta.rope_scaling, cap.path() + ": rope_scaling"));
@@ -136,7 +136,7 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   // Only the observation window: no method sees a query it is judged on.
   LayerKV region = region_of(u.k, u.v, region_begin, region_end, u.q_obs,
                              n_obs ? positions(n - n_q - n_obs, n - n_q, u.k) : at::Tensor(), u.layer, u.n_layers);
-  region.rope_inv_freq = u.inv_freq;
+  region.context.provide(inputs::rope_inv_freq, u.inv_freq);
 
   CompressOptions opt;
   opt.budget = b;
