@@ -17,6 +17,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -34,7 +35,7 @@ using nlohmann::json;
 struct LongBenchOptions {
   TaskCommonOptions common{"longbench"};
   std::string datasets = "multi_news,multifieldqa_zh,passage_retrieval_zh";
-  std::string data_dir = "../shared/data/longbench";
+  std::string data_dir = shared_default("data/longbench");
   std::string prompts;
   std::string max_gen_file;
   int64_t samples = -1;

@@ -14,6 +14,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -30,7 +31,7 @@ namespace {
 struct LongEvalOptions {
   TaskCommonOptions common{"longeval"};
   std::vector<int64_t> lines;  // none: 200, unless --data names the file
-  std::string data_dir = "../shared/data/longeval/lines";
+  std::string data_dir = shared_default("data/longeval/lines");
   std::string data;
   int64_t samples = 50;
   int64_t max_new_tokens = 100;

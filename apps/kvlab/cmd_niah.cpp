@@ -14,6 +14,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -32,7 +33,7 @@ struct NiahOptions {
   TaskCommonOptions common{"niah"};
   std::vector<int64_t> lengths = {1024, 2048, 4096, 8192};
   std::vector<double> depths = {0, 25, 50, 75, 100};
-  std::string haystack_dir = "../shared/data/niah/PaulGrahamEssays";
+  std::string haystack_dir = shared_default("data/niah/PaulGrahamEssays");
   NiahSpec spec;
   int64_t max_new_tokens = 64;
   void fields(FieldList& f) {

@@ -18,6 +18,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -38,7 +39,7 @@ struct RulerOptions {
   std::string tasks = "all";
   std::vector<int64_t> lengths = {1024, 2048, 4096};
   int64_t samples = 20;
-  std::string haystack_dir = "../shared/data/niah/PaulGrahamEssays";
+  std::string haystack_dir = shared_default("data/niah/PaulGrahamEssays");
   std::string words = "data/ruler/wonderwords.json";
   bool data_only = false;
   void fields(FieldList& f) {
@@ -70,9 +71,10 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   const auto branches = task_branches(c);
   const auto tasks = parse_ruler_tasks(o.tasks);
   const bool essay = std::any_of(tasks.begin(), tasks.end(), [](const RulerTask& t) { return t.haystack == "essay"; });
-  KVLAB_CHECK(std::filesystem::is_regular_file(o.words), "--words {}: not found (run data_scripts/make_ruler_words.py, or give the path)",
-              o.words);
-  const RulerSources src = ruler_sources(o.words, essay ? read_haystack(o.haystack_dir) : std::string());
+  const std::string words = shipped_file(o.words);  // the working directory's, else kvlab's tree's
+  KVLAB_CHECK(std::filesystem::is_regular_file(words), "--words {}: not found here nor in kvlab's source tree (run "
+              "data_scripts/make_ruler_words.py, or give the path)", o.words);
+  const RulerSources src = ruler_sources(words, essay ? read_haystack(o.haystack_dir) : std::string());
   auto tm = load_task_model(c);
   for (int64_t L : o.lengths)
     KVLAB_CHECK(tm->context <= 0 || L <= tm->context, "--lengths: {} exceeds {}'s context of {} tokens", L,

@@ -13,6 +13,7 @@
 
 #include "command.h"
 #include "commands.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
@@ -26,7 +27,7 @@ namespace {
 
 struct SummarizeOptions {
   TaskCommonOptions common{"summarize"};
-  std::string data = "../shared/data/summarization/xsum_0shot.jsonl";
+  std::string data = shared_default("data/summarization/xsum_0shot.jsonl");
   int64_t samples = 50;
   int64_t max_new_tokens = 0;
   bool stemmer = true;

@@ -380,3 +380,23 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   CHECK(test::run_command(bare + " --words /nonexistent.json --out " + dir + "/e2", &err) != 0);
   CHECK(err.find("--words /nonexistent.json: not found") != std::string::npos);
 }
+
+// Issue 50: ruler needed data/ruler/wonderwords.json in the working directory, and the task
+// commands' data defaults ignored KVLAB_SHARED.
+TEST_CASE("ruler: its word lists are found from any directory; the default haystack follows KVLAB_SHARED") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: stories260K not found (set KVLAB_SHARED)");
+    return;
+  }
+  auto dir = test::temp_dir("kvlab_ruler_defaults");
+  const std::string in_dir = "cd " + dir + " && ";
+  const std::string run = test::kvlab_bin() + " --threads 2 ruler --model " + stories_dir() +
+                          " --lengths 512 --samples 1 --method exact --data-only --quiet --out ";
+  std::string out;
+  // No --words, and no data/ruler/ in the working directory: kvlab's own list (fwe draws its words).
+  REQUIRE_MESSAGE(test::run_command(in_dir + run + dir + "/r --tasks fwe", &out) == 0, out);
+  CHECK(fs::exists(dir + "/r/data/fwe_512.jsonl"));
+  // An essay task without --haystack-dir looks under $KVLAB_SHARED.
+  CHECK(test::run_command(in_dir + "KVLAB_SHARED=" + dir + "/elsewhere " + run + dir + "/e --tasks niah_single_2", &out) != 0);
+  CHECK_MESSAGE(out.find(dir + "/elsewhere/data/niah/PaulGrahamEssays") != std::string::npos, out);
+}
