@@ -67,6 +67,9 @@ CLUSTERABILITY = glob.glob(R("subgen_fig1_clusterability", "*", "result.json"))[
 BUZZ_TABLEA = glob.glob(R("buzz_tableA", "*", "sweep_rows.jsonl"))[0]
 BUZZ_TABLE3 = glob.glob(R("buzz_table3", "*", "result.json"))[0]
 MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
+# configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
+LONGEVAL_QWEN = [(200, 0.643, R("longeval_qwen15_paper_200")), (300, 0.577, R("longeval_qwen15_paper_300")),
+                 (400, 0.49, R("longeval_qwen15_paper_400"))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +436,44 @@ def longeval_accuracy():
     print()
 
 
+def longeval_qwen():
+    """SubGen Table 1 / ClusterGen Table 2 at the papers' budgets on Qwen2.5-Coder-1.5B-Instruct: found
+    (the answer's line number right) or not, per case; exact McNemar with Newcombe's interval, Holm over
+    each length's two comparisons. The claims: SubGen 0.86 / 0.66 / 0.44 vs H2O 0.66 / 0.58 / 0.38 and
+    Sink 0.56 / 0.56 / 0.38 at 5k / 7k / 9k (ClusterGen Table 2 prints the same numbers); the method
+    there is the recent window + k-center (kvlab's clustergen), at the cache cut by 35 / 42 / 50%."""
+    claims = {200: {"h2o": 20.0, "streaming_llm": 30.0}, 300: {"h2o": 8.0, "streaming_llm": 10.0},
+              400: {"h2o": 6.0, "streaming_llm": 6.0}}
+    print("== SubGen Table 1 / ClusterGen Table 2: LongEval on Qwen2.5-Coder-1.5B-Instruct "
+          "(protocol whole, the papers' budgets, exact McNemar, Holm per length) ==")
+    for lines, kept, path in LONGEVAL_QWEN:
+        if not os.path.exists(os.path.join(path, "predictions.jsonl.gz")):
+            print(f"  {lines} lines (kept {kept}): not run yet")
+            continue
+        recs = results.load(path)
+        setting = f"ratio={kept}"
+        ex = by_sample(recs, method="exact")
+        branch = {m: by_sample(recs, method=m, setting=setting) for m in ("clustergen", "h2o", "streaming_llm")}
+        keys = sorted(ex)
+        for b in branch.values():
+            aligned(ex, b)
+        counts = ", ".join(f"{m} {sum(found_of(b[k]) for k in keys)}" for m, b in branch.items())
+        print(f"  {lines} lines (kept {kept}), found of {len(keys)}: exact {sum(found_of(ex[k]) for k in keys)}, {counts}")
+        fam = {}
+        for m in ("clustergen",):
+            for base in ("h2o", "streaming_llm"):
+                a, b = branch[m], branch[base]
+                mc = stats.mcnemar_from_pairs([found_of(a[k]) for k in keys], [found_of(b[k]) for k in keys])
+                d = [found_of(a[k]) - found_of(b[k]) for k in keys]
+                fam[(m, base)] = dict(mean=100 * mc["diff"], lo=100 * mc["lo"], hi=100 * mc["hi"], p=mc["p"],
+                                      n=mc["n"], mde=100 * mde(sd_of(d), len(d)), b=mc["b"], c=mc["c"])
+        with_holm(fam)
+        for (m, base), c in fam.items():
+            row = f"SG-T1/CG-T2 {lines}"
+            show(row, f"{m} - {base} (found, points; discordant {c['b']}-{c['c']})", c, claim=claims[lines][base], nd=1)
+    print()
+
+
 def clusterability():
     """Keys vs values, per prompt: values' minus keys' r(16)/diameter (and r(16)/r(1)), averaged over
     the 5 layers x 3 KV heads of each prompt; > 0 = keys more clusterable (the papers' claim)."""
@@ -528,6 +569,7 @@ def main():
     chelsea_ruler()
     balancekv_ruler()
     longeval_accuracy()
+    longeval_qwen()
     clusterability()
     balancekv_fig2()
     buzz_tablea()
