@@ -347,6 +347,16 @@ def found_of(r):
     return 1 if r["score"] >= 1.0 else 0
 
 
+def found_contrast(a, b, keys):
+    """A - B on found / not found over `keys` (records by sample key), in points: exact McNemar with
+    Newcombe's interval; b, c = the discordant counts (A only, B only)."""
+    x, y = [found_of(a[k]) for k in keys], [found_of(b[k]) for k in keys]
+    m = stats.mcnemar_from_pairs(x, y)
+    d = [i - j for i, j in zip(x, y)]
+    return dict(mean=100 * m["diff"], lo=100 * m["lo"], hi=100 * m["hi"], p=m["p"], n=m["n"],
+                mde=100 * mde(sd_of(d), len(d)), b=m["b"], c=m["c"])
+
+
 def chelsea_niah():
     print("== Chelsea Fig. 8: NIAH, kvlab grid, protocol whole, ratio 0.25, outlier heads + Llama-2 r schedule ==")
     recs = results.load(NIAH_WHOLE)
@@ -354,28 +364,20 @@ def chelsea_niah():
     sn = by_sample(recs, method="snapkv", setting="ratio=0.25")
     ex = by_sample(recs, method="exact")
     keys = aligned(ch, sn)
-    m = stats.mcnemar_from_pairs([found_of(ch[k]) for k in keys], [found_of(sn[k]) for k in keys])
-    d = [found_of(ch[k]) - found_of(sn[k]) for k in keys]
-    c = dict(mean=100 * m["diff"], lo=100 * m["lo"], hi=100 * m["hi"], p=m["p"], n=m["n"], mde=100 * mde(sd_of(d), len(d)))
+    c = found_contrast(ch, sn, keys)
     print(f"  chelsea found {sum(found_of(ch[k]) for k in keys)}/20, snapkv {sum(found_of(sn[k]) for k in keys)}/20, "
-          f"full {sum(found_of(ex[k]) for k in keys)}/20; discordant chelsea-only b={m['b']}, snapkv-only c={m['c']}")
+          f"full {sum(found_of(ex[k]) for k in keys)}/20; discordant chelsea-only b={c['b']}, snapkv-only c={c['c']}")
     show("CHL-F8", "chelsea - snapkv (found, points; McNemar)", c, sign=+1, nd=1)
     # restricted to the lengths the gate opens (1k, 2k, 4k)
-    keep = [k for k in keys if ex[k]["gold"]["length"] <= 4096]
-    m2 = stats.mcnemar_from_pairs([found_of(ch[k]) for k in keep], [found_of(sn[k]) for k in keep])
-    d2 = [found_of(ch[k]) - found_of(sn[k]) for k in keep]
-    c2 = dict(mean=100 * m2["diff"], lo=100 * m2["lo"], hi=100 * m2["hi"], p=m2["p"], n=m2["n"], mde=100 * mde(sd_of(d2), len(d2)))
+    c2 = found_contrast(ch, sn, [k for k in keys if ex[k]["gold"]["length"] <= 4096])
     show("CHL-F8", "  same, gate-open lengths 1k-4k only", c2, sign=+1, nd=1)
-    keep = [k for k in keys if ex[k]["gold"]["length"] <= 2048]
-    m3 = stats.mcnemar_from_pairs([found_of(ch[k]) for k in keep], [found_of(sn[k]) for k in keep])
-    d3 = [found_of(ch[k]) - found_of(sn[k]) for k in keep]
-    c3 = dict(mean=100 * m3["diff"], lo=100 * m3["lo"], hi=100 * m3["hi"], p=m3["p"], n=m3["n"], mde=100 * mde(sd_of(d3), len(d3)))
-    print(f"  {'':<12} 1k-2k: discordant b={m3['b']}, c={m3['c']}")
+    c3 = found_contrast(ch, sn, [k for k in keys if ex[k]["gold"]["length"] <= 2048])
+    print(f"  {'':<12} 1k-2k: discordant b={c3['b']}, c={c3['c']}")
     show("CHL-F8", "  same, 1k-2k only (lower-bound gate)", c3, sign=+1, nd=1)
     bk = by_sample(recs, method="balancekv", setting="ratio=0.25")
-    m4 = stats.mcnemar_from_pairs([found_of(ch[k]) for k in keys], [found_of(bk[k]) for k in keys])
-    print(f"  (README)     chelsea - balancekv (not a paper claim): {100 * m4['diff']:+.1f} [{100 * m4['lo']:+.1f}, "
-          f"{100 * m4['hi']:+.1f}] points, discordant {m4['b']}-{m4['c']}, exact McNemar p = {m4['p']:.3f}")
+    c4 = found_contrast(ch, bk, keys)
+    print(f"  (README)     chelsea - balancekv (not a paper claim): {c4['mean']:+.1f} [{c4['lo']:+.1f}, "
+          f"{c4['hi']:+.1f}] points, discordant {c4['b']}-{c4['c']}, exact McNemar p = {c4['p']:.3f}")
     print()
 
 
@@ -459,18 +461,11 @@ def longeval_qwen():
             aligned(ex, b)
         counts = ", ".join(f"{m} {sum(found_of(b[k]) for k in keys)}" for m, b in branch.items())
         print(f"  {lines} lines (kept {kept}), found of {len(keys)}: exact {sum(found_of(ex[k]) for k in keys)}, {counts}")
-        fam = {}
-        for m in ("clustergen",):
-            for base in ("h2o", "streaming_llm"):
-                a, b = branch[m], branch[base]
-                mc = stats.mcnemar_from_pairs([found_of(a[k]) for k in keys], [found_of(b[k]) for k in keys])
-                d = [found_of(a[k]) - found_of(b[k]) for k in keys]
-                fam[(m, base)] = dict(mean=100 * mc["diff"], lo=100 * mc["lo"], hi=100 * mc["hi"], p=mc["p"],
-                                      n=mc["n"], mde=100 * mde(sd_of(d), len(d)), b=mc["b"], c=mc["c"])
-        with_holm(fam)
-        for (m, base), c in fam.items():
-            row = f"SG-T1/CG-T2 {lines}"
-            show(row, f"{m} - {base} (found, points; discordant {c['b']}-{c['c']})", c, claim=claims[lines][base], nd=1)
+        fam = with_holm({base: found_contrast(branch["clustergen"], branch[base], keys)
+                         for base in ("h2o", "streaming_llm")})
+        for base, c in fam.items():
+            show(f"SG-T1/CG-T2 {lines}", f"clustergen - {base} (found, points; discordant {c['b']}-{c['c']})", c,
+                 claim=claims[lines][base], nd=1)
     print()
 
 

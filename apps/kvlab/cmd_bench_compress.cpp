@@ -50,6 +50,7 @@
 #include "kvlab/io/capture.h"
 #include "kvlab/io/synthetic.h"
 #include "kvlab/replay/plan.h"
+#include "kvlab/replay/replay.h"
 
 namespace kvlab::cli {
 namespace {
@@ -154,8 +155,7 @@ BenchInput load_input(const CompressBenchOptions& o, int64_t n_needed) {
   in.n_avail = std::min(first_q, n_needed);
   in.k = qkv.k.narrow(1, 0, in.n_avail).contiguous();
   in.v = qkv.v.narrow(1, 0, in.n_avail).contiguous();
-  in.inv_freq = rope_inv_freq(meta.rope_theta, meta.head_dim,
-                              rope_scaling_from_json(meta.rope_scaling, o.capture + ": rope_scaling"));
+  in.inv_freq = capture_inv_freq(cap);
   in.source = {{"capture", {{"file", o.capture}, {"model_id", meta.model_id},
                             {"source_dataset", meta.source_dataset}, {"sample", o.sample},
                             {"sample_id", si.sample_id}, {"layer", in.layer}, {"n_tokens", si.n_tokens},

@@ -25,11 +25,11 @@
 
 #include "command.h"
 #include "commands.h"
-#include "kvlab/core/paths.h"
 #include "kvlab/core/blas.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/memory.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
 #include "kvlab/generate/branches.h"

@@ -14,9 +14,9 @@
 
 #include "command.h"
 #include "commands.h"
-#include "kvlab/core/paths.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/paths.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
 #include "kvlab/model/model.h"

@@ -4,6 +4,14 @@
 
 namespace kvlab {
 
+const at::Tensor& Context::made(Entry& e) {
+  if (!e.made) {
+    e.value = e.make();
+    e.made = true;
+  }
+  return e.value;
+}
+
 void Context::provide(const std::string& name, Make make, int64_t position_dim) {
   KVLAB_CHECK(make, "Context::provide('{}'): no function to make it", name);
   auto e = std::make_shared<Entry>();
@@ -32,12 +40,7 @@ const at::Tensor& Context::get(const std::string& name) const {
   auto it = entries_.find(name);
   KVLAB_CHECK(it != entries_.end(), "the method reads input '{}', which this command does not give (it gives: {})",
               name, names().empty() ? "none" : fmt::format("{}", fmt::join(names(), ", ")));
-  Entry& e = *it->second;
-  if (!e.made) {
-    e.value = e.make();
-    e.made = true;
-  }
-  return e.value;
+  return made(*it->second);
 }
 
 Context Context::narrowed(int64_t begin, int64_t length) const {
@@ -52,14 +55,11 @@ Context Context::narrowed(int64_t begin, int64_t length) const {
     out.provide(
         name,
         [whole, dim, begin, length, name]() {
-          if (!whole->made) {
-            whole->value = whole->make();
-            whole->made = true;
-          }
-          KVLAB_CHECK(whole->value.dim() > dim && whole->value.size(dim) >= begin + length,
-                      "input '{}' ({}) does not cover positions [{}, {}) along dimension {}", name,
-                      whole->value.sizes(), begin, begin + length, dim);
-          return whole->value.narrow(dim, begin, length);
+          const at::Tensor& w = made(*whole);
+          KVLAB_CHECK(w.dim() > dim && w.size(dim) >= begin + length,
+                      "input '{}' ({}) does not cover positions [{}, {}) along dimension {}", name, w.sizes(), begin,
+                      begin + length, dim);
+          return w.narrow(dim, begin, length);
         },
         dim);
   }

@@ -66,6 +66,7 @@ class Context {
     bool made = false;
     at::Tensor value;
   };
+  static const at::Tensor& made(Entry& e);  // e's value, made on first call
   std::map<std::string, std::shared_ptr<Entry>> entries_;
 };
 

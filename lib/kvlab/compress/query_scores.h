@@ -96,8 +96,9 @@ inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& re
   return total;
 }
 
-// The context's attention sums (context.h inputs::attention_sums) from kv's queries: [n_q_heads, n] float64, each query head on its own (its KV
-// head's keys repeated per query head, then accumulated_attention with groups of one).
+// The context's attention sums (context.h inputs::attention_sums) from kv's queries: [n_q_heads, n]
+// float64, each query head on its own (its KV head's keys repeated per query head, then
+// accumulated_attention with groups of one).
 inline at::Tensor attention_sums_per_query_head(const LayerKV& kv) {
   const int64_t g = kv.n_q_heads() / kv.n_kv_heads();
   LayerKV per_head = kv;

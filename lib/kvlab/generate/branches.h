@@ -34,9 +34,10 @@ struct Prefill {
   // positions (as transformers' sliding cache), every other layer all n.
   int64_t exact_kv_bytes() const;
   // Layer l's per-query-head attention sums over every prompt query ([Hq, n] float64,
-  // compress/context.h inputs::attention_sums), computed on first use and then shared by every branch of this prompt
-  // that scores with all its queries (h2o/cam with every query, buzz: each recomputed them, ~85 s
-  // per branch at 8k tokens on one core). Needs q_obs to hold every prompt query.
+  // compress/context.h inputs::attention_sums), computed on first use and then shared by every
+  // branch of this prompt that scores with all its queries (h2o/cam with every query, buzz: each
+  // recomputed them, ~85 s per branch at 8k tokens on one core). Needs q_obs to hold every prompt
+  // query.
   const at::Tensor& attention_sums(int layer) const;
   // KVzip's repeat prompts for this prompt (generate/reconstruction.h), set by the command that
   // tokenized it; a branch whose method reconstructs the context (kvzip) needs them.

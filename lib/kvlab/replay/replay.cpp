@@ -52,6 +52,12 @@ ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Ten
   return u;
 }
 
+at::Tensor capture_inv_freq(const CaptureReader& cap) {
+  const auto& meta = cap.meta();
+  return rope_inv_freq(meta.rope_theta, meta.head_dim,
+                       rope_scaling_from_json(meta.rope_scaling, cap.path() + ": rope_scaling"));
+}
+
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p) {
   return load_unit(cap, sample, layer, p, cap.read_layer(sample, layer));
 }
@@ -70,11 +76,7 @@ ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const 
     q = q.index_select(0, at::tensor(qh));
   }
   ReplayUnit u = make_unit(q, k, v, p, fmt::format("{}: sample {}", cap.path(), sample));
-  {  // --rerotate and expected_attention (the context's rope_inv_freq) use them
-    const auto& meta = cap.meta();
-    u.inv_freq = rope_inv_freq(meta.rope_theta, meta.head_dim,
-                               rope_scaling_from_json(meta.rope_scaling, cap.path() + ": rope_scaling"));
-  }
+  u.inv_freq = capture_inv_freq(cap);
   if (!heads.empty()) u.kv_heads = heads;
   u.sample = sample;
   u.layer = layer;

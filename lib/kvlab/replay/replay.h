@@ -71,6 +71,9 @@ struct ReplayUnit {
 };
 
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p);
+// [head_dim / 2] the RoPE frequencies the capture's keys and queries were rotated with (its
+// rope_theta and rope_scaling): --rerotate, expected_attention and compactor use them.
+at::Tensor capture_inv_freq(const CaptureReader& cap);
 // The same from that unit as already read (cap.read_layer(sample, layer)), e.g. after checking it
 // with find_nonfinite.
 ReplayUnit load_unit(const CaptureReader& cap, int64_t sample, int layer, const ReplayProtocol& p,
