@@ -8,7 +8,7 @@ prefix through the compressed cache, greedy decoding of the task's tokens_to_gen
 presses kvlab also has, at the given compression ratios. Writes kvlab's prediction format, one
 folder per (press, ratio):
 
-  <out>/pred/kvpress_<method>_ratio<kept>/<task>_<length>.jsonl   {"id", "output", "seconds"}
+  <out>/pred/kvpress_<method>_ratio<kept>/<task>_<length>.jsonl   {"id", "output", "outputs", "seconds"}
   <out>/kvpress.json                                               versions, every call's arguments, timings
 
 `kvlab ruler eval <run> <out>` then scores kvlab's branches and these with RULER's string_match_all
@@ -142,7 +142,7 @@ def main():
                                           max_new_tokens=TOKENS[family])["answer"]
                         dt = time.perf_counter() - t0
                         n += 1
-                        fo.write(json.dumps({"id": sid, "output": answer, "seconds": round(dt, 4)},
+                        fo.write(json.dumps({"id": sid, "output": answer, "outputs": s["outputs"], "seconds": round(dt, 4)},
                                             ensure_ascii=False) + "\n")
                         fo.flush()
                 print(f"{branch} {dataset}: done ({n} samples decoded in this call)", flush=True)

@@ -504,6 +504,14 @@ def capture(args):
         ids, source = parse_ids(args.prompt_ids), "prompt-ids"
     if text is not None and not text.strip():
         raise CaptureError("the prompt is empty")
+    if text is not None:
+        # A folder without a tokenizer's files: transformers still returned one, and the prompt became
+        # two tokens (issue 50). Refused, naming the files looked for.
+        tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+        if not gguf and os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in tok_files):
+            raise CaptureError(f"--model {args.model}: no tokenizer files ({', '.join(tok_files)}) to tokenize "
+                               f"--{source if source == 'prompt' else 'text-file'} with; add them, or give "
+                               "--prompt-ids")
 
     t0 = time.time()
     kw = {"dtype": compute, "trust_remote_code": args.trust_remote_code}

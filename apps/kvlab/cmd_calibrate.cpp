@@ -46,6 +46,14 @@
 namespace kvlab::cli {
 namespace {
 
+// --samples: windows are forwarded one by one (seconds each on a CPU); a count no run can finish is
+// refused before the model loads (issue 50: --samples 1e9 started with an ETA of 139 days).
+constexpr int64_t kMaxWindows = 100000;
+void check_windows(int64_t samples) {
+  KVLAB_CHECK(samples >= 1 && samples <= kMaxWindows, "--samples must be in [1, {}] (windows; kvpress calibrates "
+              "on 50), got {}", kMaxWindows, samples);
+}
+
 struct CalibrateChelseaOptions {
   bool overwrite = false;
   std::string model;
@@ -74,7 +82,7 @@ struct CalibrateChelseaOptions {
     f.add("overwrite", overwrite, "replace an existing --out file");
   }
   void check() const {
-    KVLAB_CHECK(samples >= 1, "--samples must be >= 1, got {}", samples);
+    check_windows(samples);
     KVLAB_CHECK(threshold > -1 && threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", threshold);
     KVLAB_CHECK(chunk >= 2, "--chunk must be >= 2, got {}", chunk);
     KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
@@ -207,9 +215,10 @@ struct CalibrateDuoOptions {
     f.add("overwrite", overwrite, "replace an existing --out file");
   }
   void check() const {
-    KVLAB_CHECK(samples >= 1, "--samples must be >= 1, got {}", samples);
+    check_windows(samples);
     KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
-    KVLAB_CHECK(q_len >= 1, "--q-len must be >= 1, got {}", q_len);
+    // One position: the softmax over one key is 1 and every head scores 1.0 (issue 50).
+    KVLAB_CHECK(q_len >= 2, "--q-len must be >= 2 (over one position every head scores 1), got {}", q_len);
     parse_device(device, "--device");
   }
 };

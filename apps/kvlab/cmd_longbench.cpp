@@ -88,7 +88,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   KVLAB_CHECK(tm->context <= 0 || o.max_length <= tm->context, "--max-length {} exceeds {}'s context of {} tokens",
               o.max_length, tm->model.id, tm->context);
 
-  TaskRun tr = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective, branches);
   const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t di = 0; di < data.size(); ++di) {
@@ -119,6 +119,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
     }
     run_task_dataset(c, *tm, tr, longbench_task(d), records, branches, rows, false);
   }
+  remove_other_datasets(c, tr);
   // The task table, scored by eval.py's rules from the prediction files.
   std::vector<std::pair<std::string, json>> scored;
   for (const auto& b : branches) scored.push_back({b.label, longbench_eval_folder(run.file("pred/" + b.label), sel.e)});

@@ -67,7 +67,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
 
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
-  TaskRun tr = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective, branches);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t fi = 0; fi < files.size(); ++fi) {

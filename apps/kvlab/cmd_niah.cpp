@@ -108,7 +108,7 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       records.push_back(std::move(r));
     }
 
-  TaskRun tr = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective, branches);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, tr, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -20,7 +21,9 @@
 #include "commands.h"
 #include "kvlab/core/bounds.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/memory.h"
 #include "kvlab/core/paths.h"
+#include "kvlab/core/progress.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
 #include "kvlab/model/model_tokenizer.h"
@@ -33,6 +36,11 @@ namespace kvlab::cli {
 namespace {
 
 using nlohmann::json;
+
+// A sample held in memory, per token of its length: its text (input), data/'s line (input again,
+// as context + question: 7.3 bytes a token for niah_single_1 at 4096 with Qwen2.5's tokenizer,
+// 2026-12-06) and the prompt's ids (8 bytes): about 20 bytes; 48 leaves room for other tokenizers.
+constexpr int64_t kSampleBytesPerToken = 48;
 
 struct RulerOptions {
   TaskCommonOptions common{"ruler"};
@@ -60,8 +68,17 @@ struct RulerOptions {
     KVLAB_CHECK(!lengths.empty(), "give --lengths (one value at least)");
     for (size_t i = 0; i < lengths.size(); ++i) {
       KVLAB_CHECK(lengths[i] >= 256, "--lengths: {} is too short for RULER's templates (at least 256)", lengths[i]);
+      KVLAB_CHECK(lengths[i] <= kMaxTokens, "--lengths: {} is more tokens than kvlab handles ({})", lengths[i],
+                  kMaxTokens);
       for (size_t j = 0; j < i; ++j) KVLAB_CHECK(lengths[i] != lengths[j], "--lengths: {} is listed twice", lengths[i]);
     }
+    // A task's samples at a length are made, then written, together: bounded by the machine's
+    // memory before any is made (issue 50: --samples 1e9 grew 13 MB/s without a word).
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    const double need = kSampleBytesPerToken * double(samples) * double(longest), have = double(physical_memory_bytes());
+    KVLAB_CHECK(have <= 0 || need <= have / 2, "--samples {}: {} samples of {} tokens need about {:.1f} GB at once "
+                "({} bytes a token), more than half this machine's {:.1f} GB; lower --samples or the length",
+                samples, samples, longest, need / 1e9, kSampleBytesPerToken, have / 1e9);
     task_branches(common, /*need_files=*/false);
   }
 };
@@ -88,7 +105,7 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   };
   count.text = [&](const std::string& text) { return int64_t(tm->tok.encode(text, /*add_bos=*/false).size()); };
 
-  TaskRun tr = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective, branches);
   const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t li = 0; li < o.lengths.size(); ++li)
@@ -96,7 +113,10 @@ void run_ruler(const RulerOptions& o, const json& effective) {
       const RulerTask& t = tasks[ti];
       const int64_t L = o.lengths[li];
       const std::string dataset = ruler_dataset(t.name, L);
+      Progress made("ruler " + dataset + " samples", o.samples, !c.quiet && o.samples >= 100);
+      count.on_sample = [&] { made.advance(1); };
       const auto samples = make_ruler_samples(t, src, L, o.samples, static_cast<uint64_t>(c.seed), count);
+      made.finish();
       std::string lines;
       std::vector<TaskRecord> records;
       for (const auto& s : samples) {
@@ -138,6 +158,7 @@ struct RulerEvalOptions {
   std::vector<std::string> dirs;
   std::string out;
   bool overwrite = false;
+  bool partial = false;
   void fields(FieldList& f) {
     f.add("dirs", dirs, "folders holding pred/<branch>/<task>_<length>.jsonl (a kvlab ruler run, and e.g. the "
                         "output of bench/ruler_kvpress.py); the samples from the first one's data/")
@@ -145,6 +166,9 @@ struct RulerEvalOptions {
         .required();
     f.add("out", out, "where result.json goes (default <first dir>/eval)");
     f.add("overwrite", overwrite, "replace an --out folder that holds another config's results");
+    f.add("partial", partial, "score prediction files that hold only some of their samples (e.g. "
+                              "bench/ruler_kvpress.py --limit), each over the samples it has; without it such "
+                              "a file is an error");
   }
 };
 
@@ -163,18 +187,34 @@ void for_each_json_line(const std::string& path, const std::function<void(const 
   }
 }
 
+// The gold answers a prediction line says it was made for: a kvlab line's gold.outputs, the
+// "outputs" bench/ruler_kvpress.py copies from the sample; null when the line has neither.
+json line_outputs(const json& line) {
+  if (line.contains("gold") && line["gold"].is_object() && line["gold"].contains("outputs")) return line["gold"]["outputs"];
+  return line.value("outputs", json());
+}
+
 // One line per (branch, dataset): RULER's score of every prediction file, and for a branch named
-// kvpress_<x> the fraction of its outputs equal to kvlab's branch <x> (same sample).
+// kvpress_<x> the fraction of its outputs equal to kvlab's branch <x> (same sample). Refuses what
+// would score wrongly: a folder a kvlab run is still writing, an id given twice, a file without
+// all of its samples (unless --partial), a line made for another sample than data/'s.
 void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
   namespace fs = std::filesystem;
   const std::string data_dir = o.dirs.front() + "/data";
   KVLAB_CHECK(fs::is_directory(data_dir), "ruler eval: {} is not a folder (the first folder must be a kvlab ruler "
               "run: its samples are the references)", data_dir);
+  for (const auto& dir : o.dirs) {
+    const std::string pid = run_dir_writer(dir);
+    KVLAB_CHECK(pid.empty(), "ruler eval: {} is being written by a kvlab run (pid {}); score it when that run has "
+                "finished", dir, pid);
+  }
   std::map<std::string, std::map<std::string, json>> gold;  // dataset -> id -> sample
   for (const auto& e : fs::directory_iterator(data_dir)) {
     if (e.path().extension() != ".jsonl") continue;
     for_each_json_line(e.path().string(), [&](const json& j, int64_t n) {
-      KVLAB_CHECK(j.contains("index") && j.contains("outputs"), "{}: line {} is not a RULER sample", e.path().string(), n);
+      KVLAB_CHECK(j.contains("index") && j["index"].is_number_integer() && j.contains("outputs") &&
+                  j["outputs"].is_array(), "{}: line {} is not a RULER sample (an integer \"index\" and an "
+                  "\"outputs\" list)", e.path().string(), n);
       gold[e.path().stem().string()][std::to_string(j["index"].get<int64_t>())] = j;
     });
   }
@@ -183,25 +223,47 @@ void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
   std::vector<std::string> order;
   for (const auto& dir : o.dirs) {
     KVLAB_CHECK(fs::is_directory(dir + "/pred"), "ruler eval: {}/pred is not a folder", dir);
+    int64_t unchecked = 0;  // lines that do not say which answers they were made for
     for (const auto& b : task_branch_folders(dir + "/pred")) {
       const std::string name = fs::path(b).filename().string();
       KVLAB_CHECK(!outputs.count(name), "ruler eval: branch {} is in two of the folders", name);
       order.push_back(name);
       for (const auto& e : fs::directory_iterator(b)) {
         if (e.path().extension() != ".jsonl") continue;
+        const std::string file = e.path().string();
         const std::string dataset = e.path().stem().string();
-        KVLAB_CHECK(gold.count(dataset), "ruler eval: {} has no samples in {} ({}.jsonl)", e.path().string(), data_dir,
-                    dataset);
-        for_each_json_line(e.path().string(), [&](const json& j, int64_t n) {
-          KVLAB_CHECK(j.contains("id") && j.contains("output"), "{}: line {} has no \"id\" and \"output\"",
-                      e.path().string(), n);
+        KVLAB_CHECK(gold.count(dataset), "ruler eval: {} has no samples in {} ({}.jsonl)", file, data_dir, dataset);
+        std::map<std::string, int64_t> line_of;  // id -> the line that gave it
+        auto& outs = outputs[name][dataset];
+        for_each_json_line(file, [&](const json& j, int64_t n) {
+          KVLAB_CHECK(j.contains("id") && j.contains("output") && j["output"].is_string(),
+                      "{}: line {} has no \"id\" and \"output\" (a string)", file, n);
           const std::string id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
-          KVLAB_CHECK(gold[dataset].count(id), "{}: line {}: sample {} is not in {}/{}.jsonl", e.path().string(), n, id,
-                      data_dir, dataset);
-          outputs[name][dataset][id] = j["output"].get<std::string>();
+          KVLAB_CHECK(gold[dataset].count(id), "{}: line {}: sample {} is not in {}/{}.jsonl", file, n, id, data_dir,
+                      dataset);
+          KVLAB_CHECK(!line_of.count(id), "{}: line {}: sample {} again (first on line {}); a file holds one "
+                      "prediction per sample", file, n, id, line_of[id]);
+          line_of[id] = n;
+          const json answers = line_outputs(j);
+          if (answers.is_null()) ++unchecked;
+          KVLAB_CHECK(answers.is_null() || answers == gold[dataset][id]["outputs"], "{}: line {}: predictions of "
+                      "other samples (data/ written again?): sample {} was made for {}, data/{}.jsonl has {}", file, n,
+                      id, answers.dump().substr(0, 40), dataset, gold[dataset][id]["outputs"].dump().substr(0, 40));
+          outs[id] = j["output"].get<std::string>();
         });
+        const size_t want = gold[dataset].size();
+        KVLAB_CHECK(outs.size() == want || (o.partial && !outs.empty()), "{}: {} of the {} samples of {}/{}.jsonl "
+                    "({}): a run still going or cut short? Finish it, or pass --partial", file, outs.size(), want, data_dir, dataset,
+                    outs.empty() ? std::string("empty") : "first missing: " + [&] {
+                      for (const auto& [id, _] : gold[dataset])
+                        if (!outs.count(id)) return id;
+                      return std::string();
+                    }());
       }
     }
+    if (unchecked)
+      fmt::print(stderr, "[ruler eval] {}: {} predictions do not say which answers they were made for (no gold / "
+                 "outputs field); scored by id alone\n", dir, unchecked);
   }
   json rows = json::array();
   for (const auto& b : order)

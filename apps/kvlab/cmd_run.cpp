@@ -41,6 +41,7 @@
 #include "command.h"
 #include "commands.h"
 #include "kvlab/core/check.h"
+#include "kvlab/core/progress.h"
 #include "kvlab/core/report.h"
 #include "kvlab/core/sha256.h"
 #include "kvlab/io/capture.h"
@@ -262,9 +263,15 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
   SignalForwarding forwarding;
   TempDir tmp;
 
-  // 1. Parse and validate every step with its own command before running any.
+  // 1. Parse and validate every step with its own command before running any: a child process
+  // each (about 20 ms), so a long file shows progress, and one no experiment needs is refused
+  // (issue 50: 200,000 steps ran silent for over an hour).
   std::vector<Step> steps;
   const auto& arr = spec["steps"];
+  constexpr size_t kMaxSteps = 10000;
+  KVLAB_CHECK(arr.size() <= kMaxSteps, "{}: {} steps, more than a run file may hold ({}); split it, or give a "
+              "command a list (a sweep) or --shard", o.file, arr.size(), kMaxSteps);
+  Progress checking("run: checking steps", int64_t(arr.size()), arr.size() >= 50);
   for (size_t i = 0; i < arr.size(); ++i) {
     const std::string where = fmt::format("{}: steps[{}]", o.file, i);
     check_keys(arr[i], kStepKeys, where);
@@ -297,8 +304,10 @@ void run_run(const RunOptions& o, const nlohmann::json& /*effective*/) {
       write_json_atomic(s.config_file, s.config);
     }
     steps.push_back(std::move(s));
+    checking.advance(1);
   }
 
+  checking.finish();
   fmt::print(stderr, "[run] {}: '{}'{} v{}, {} steps\n", o.file, spec.value("name", ""),
              spec.contains("paper_ref") ? " (" + spec["paper_ref"].get<std::string>() + ")" : "",
              spec.contains("version") ? spec["version"].dump() : "?", steps.size());

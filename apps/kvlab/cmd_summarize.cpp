@@ -64,7 +64,7 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
     records.push_back(std::move(r));
   }
-  TaskRun tr = open_task_run(c, *tm, effective);
+  TaskRun tr = open_task_run(c, *tm, effective, branches);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
   run_task_dataset(c, *tm, tr, summarize_task(o.stemmer, dataset), records, branches, rows, /*last=*/true);

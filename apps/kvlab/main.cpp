@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <iostream>
@@ -53,6 +54,25 @@ int g_threads = 0;
 }  // namespace
 int threads() { return g_threads; }
 }  // namespace kvlab::cli
+
+namespace {
+
+// An error as one line of at most 300 characters (issue 50): a library's message may span lines
+// (LibTorch's carry a trace) or run long.
+std::string one_line(const std::string& msg) {
+  std::string out;
+  for (char ch : msg) {
+    if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+    if (ch == ' ' && (out.empty() || out.back() == ' ')) continue;
+    out += ch;
+  }
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  constexpr size_t kMax = 290;  // "error: " and the line end
+  if (out.size() > kMax) out = out.substr(0, kMax - 3) + "...";
+  return out;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   ensure_passive_omp(argv);
@@ -137,10 +157,18 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;
   } catch (const c10::Error& e) {
-    fmt::print(stderr, "error: {}\n", e.what_without_backtrace());
+    fmt::print(stderr, "error: LibTorch: {}\n", one_line(e.what_without_backtrace()));
+    return 1;
+  } catch (const nlohmann::json::exception& e) {
+    fmt::print(stderr, "error: a JSON value of another type or form than kvlab expects (a --config, an input or a "
+                       "results file): {}\n", one_line(e.what()));
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of memory (std::bad_alloc): the run needs more memory than this machine has "
+                       "free; lower its sizes\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "error: {}\n", e.what());
+    fmt::print(stderr, "error: {}\n", one_line(e.what()));
     return 1;
   }
   return 0;

@@ -103,9 +103,20 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
   return runs;
 }
 
-TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective) {
+TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective,
+                      const std::vector<TaskBranch>& branches) {
   TaskRun tr{open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite),
              context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
+  // --overwrite replaces another config's results: its branches this run does not have go now
+  // (issue 50: they stayed in pred/ and `ruler eval` scored them beside this run's).
+  if (o.overwrite && std::filesystem::is_directory(tr.run.file("pred")))
+    for (const auto& folder : task_branch_folders(tr.run.file("pred"))) {
+      const std::string name = std::filesystem::path(folder).filename().string();
+      if (std::none_of(branches.begin(), branches.end(), [&](const TaskBranch& b) { return b.label == name; })) {
+        std::filesystem::remove_all(folder);
+        fmt::print(stderr, "[kvlab] --overwrite: removed pred/{} (a branch this config does not run)\n", name);
+      }
+    }
   tr.ctx["model_id"] = tm.model.id;
   tr.ctx["protocol"] = parse_task_protocol(o.protocol, o.decode_rule).to_json();
   tr.ctx["preset"] = o.preset;
@@ -136,6 +147,16 @@ std::string task_table_header(const TaskCommonOptions& o) {
                      "compression / the most held (own generated tokens included); mem *: entries_start more than "
                      "1% from the median of its setting\n",
                      o.preset, parse_task_protocol(o.protocol, o.decode_rule).line());
+}
+
+void remove_other_datasets(const TaskCommonOptions& o, const TaskRun& tr) {
+  if (!o.overwrite || !std::filesystem::is_directory(tr.run.file("pred"))) return;
+  for (const auto& folder : task_branch_folders(tr.run.file("pred")))
+    for (const auto& e : std::filesystem::directory_iterator(folder))
+      if (e.path().extension() == ".jsonl" && !tr.datasets.count(e.path().stem().string())) {
+        std::filesystem::remove(e.path());
+        fmt::print(stderr, "[kvlab] --overwrite: removed {} (a dataset this config does not run)\n", e.path().string());
+      }
 }
 
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, TaskRun& tr, const TaskSpec& task,
@@ -170,6 +191,8 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
   for (auto& row : got) rows.push_back(row);
   progress.finish();
+  tr.datasets.insert(task.dataset);
+  if (last) remove_other_datasets(o, tr);
   if (last || !tr.kept_ctx || tr.computed) tr.write(rows, {{"complete", last}});
   return got;
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,7 @@ struct TaskRun {
   // `kept_ctx` (the previous result.json's) is what this run writes until it changes a prediction file.
   std::optional<nlohmann::json> kept_ctx;
   bool computed = false;  // this binary changed pred/ (a record to decode, a stale line dropped)
+  std::set<std::string> datasets;  // the datasets run so far (their pred/<branch>/<dataset>.jsonl)
 
   const nlohmann::json& context() const { return kept_ctx && !computed ? *kept_ctx : ctx; }
   // result.json with `rows` and `extra` under context().
@@ -89,7 +91,16 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
 // except over a complete run (without --overwrite): that one is left as it is, and keeps its
 // context unless a prediction file has to change (a record to decode again, a line to drop), when
 // it is marked incomplete before the change (TaskRun::kept_ctx, TaskOptions::before_change).
-TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective);
+// With --overwrite, pred/'s folders of branches not in `branches` are removed first (another config's
+// results, which an eval of the folder would score beside this run's), and when the last dataset
+// has run, its prediction files of datasets this run did not write.
+TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective,
+                      const std::vector<TaskBranch>& branches);
+
+// With --overwrite: removes pred/<branch>/<dataset>.jsonl of every dataset not in tr.datasets (another
+// config's). run_task_dataset calls it after the last dataset; a command that never passes `last`
+// calls it itself once every dataset has run.
+void remove_other_datasets(const TaskCommonOptions& o, const TaskRun& tr);
 
 // The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.
 std::string task_table_header(const TaskCommonOptions& o);

@@ -1215,4 +1215,35 @@ TEST_CASE("cli: the crashes, silent accepts and bad inputs of issue 50 are one s
     short_error(run_kvlab("niah --model " + tiny + " --needle ''"), "--needle must not be empty");
     short_error(run_kvlab("niah --model " + tiny + " --question ''"), "--question must not be empty");
   }
+  SUBCASE("counts no run can hold or finish, refused before any work (were hangs)") {
+    // ruler --data-only --samples 1e9 grew 13 MB/s without a word; calibrate duo --samples 1e9 had an
+    // ETA of 139 days; ruler --lengths 2^63-1 against a claimed context of 2^63-1 ran silent.
+    for (const char* n : {"1000000000", "2147483648", "9223372036854775807"})
+      short_error(run_kvlab("ruler --model " + tiny + " --data-only --lengths 4096 --samples " + std::string(n) +
+                            " --out " + dir + "/r"), "--samples " + std::string(n) + ":");
+    CHECK_FALSE(fs::exists(dir + "/r"));
+    short_error(run_kvlab("ruler --model " + tiny + " --data-only --lengths 9223372036854775807 --out " + dir + "/r"),
+                "--lengths: 9223372036854775807 is more tokens than kvlab handles");
+    for (const char* cmd : {"calibrate duo", "calibrate chelsea"})
+      short_error(run_kvlab(std::string(cmd) + " --model " + tiny + " --text t.txt --samples 1000000000 --out " + dir +
+                            "/d.json"), "--samples must be in [1, 100000]");
+    short_error(run_kvlab("buzz-steady --evictions 9223372036854775807 --out " + dir + "/b"),
+                "--evictions must be <= 1000000");
+    {  // run: 200,000 steps were checked one child process each, silent for over an hour
+      nlohmann::json steps = nlohmann::json::array();
+      for (int i = 0; i < 10001; ++i) steps.push_back({{"command", "buzz-steady"}, {"config", nlohmann::json::object()}});
+      std::ofstream(dir + "/many.json") << nlohmann::json{{"name", "many"}, {"steps", steps}}.dump();
+      short_error(run_kvlab("run " + dir + "/many.json --dry-run"), "10001 steps, more than a run file may hold (10000)");
+    }
+    // One position: every head scored 1.0.
+    short_error(run_kvlab("calibrate duo --model " + tiny + " --text t.txt --q-len 1 --out " + dir + "/d.json"),
+                "--q-len must be >= 2");
+    const std::string m = dir + "/huge";
+    fs::create_directories(m);
+    for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(tiny + "/" + f, m + "/" + f);
+    nlohmann::json cfg = read_json_file(m + "/config.json");
+    cfg["max_position_embeddings"] = std::numeric_limits<int64_t>::max();
+    std::ofstream(m + "/config.json", std::ios::trunc) << cfg.dump();
+    short_error(run_kvlab(gen + m), "claims a context of 9223372036854775807 tokens");
+  }
 }

@@ -757,6 +757,8 @@ TEST_CASE("duo_head_scores: the area under the last query's cumulated attention 
     }
     CHECK(got[h].item<double>() == doctest::Approx(want).epsilon(1e-5));
   }
+  // Issue 50: over one position every head scored 1.0 (calibrate duo --q-len 1 wrote such a file).
+  CHECK_THROWS_WITH_AS(duo_head_scores(q, k, inv_freq, 1), doctest::Contains("q_len must be >= 2"), Error);
 }
 
 // The compressor: the m lowest-scoring heads of the model stream (sinks + recent), the others keep
@@ -854,4 +856,14 @@ TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget
   kv.n_layers = 5;
   CHECK_THROWS_WITH_AS(make_compressor("duo_attention", {{"heads", path}})->compress(kv, entries(10)),
                        doctest::Contains("4 layers x 3 KV heads, but this model has 5 x 3"), Error);
+  // Issue 50: a negative score (no calibration writes one; it was ranked as the most streamable head)
+  // and one above 1 are refused as the file is read.
+  for (const double bad : {-0.25, 1.5}) {
+    auto bad_rows = rows;
+    bad_rows[1][2] = bad;
+    const std::string bad_path = path + ".bad.json";
+    std::ofstream(bad_path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", bad_rows}}.dump();
+    const std::string msg = "scores[1][2] is " + nlohmann::json(bad).dump() + ", not a score in [0, 1]";
+    CHECK_THROWS_WITH_AS(make_compressor("duo_attention", {{"heads", bad_path}}), doctest::Contains(msg.c_str()), Error);
+  }
 }

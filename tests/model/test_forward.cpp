@@ -437,6 +437,27 @@ TEST_CASE("model_config: rms_norm_eps outside (0, 1) and rope_theta <= 0 or not 
     fails("rms_norm_eps", eps, "cfg.json: key 'rms_norm_eps' must be in (0, 1), found");
   for (double theta : {0.0, -1.0, std::numeric_limits<double>::infinity()})
     fails("rope_theta", theta, "cfg.json: key 'rope_theta' must be a finite number > 0, found");
+  // A context claim past any model's: 2^63-1 was accepted (then a RULER length checked against it).
+  {
+    nlohmann::json bad = base;
+    bad["max_position_embeddings"] = std::numeric_limits<int64_t>::max();
+    CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                         doctest::Contains("key 'max_position_embeddings' claims a context of 9223372036854775807"), Error);
+    bad["max_position_embeddings"] = 131072;
+    CHECK(model_config_from_hf(bad, "cfg.json").max_position_embeddings == 131072);
+  }
+  // A missing or null model_type was taken from "architectures" as llama (transformers refuses it):
+  // an error, saying what to add.
+  for (const bool null : {false, true}) {
+    nlohmann::json bad = base;
+    if (null) bad["model_type"] = nullptr;
+    else bad.erase("model_type");
+    CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"), doctest::Contains("cfg.json: no model_type"), Error);
+    bad["architectures"] = {"LlamaForCausalLM"};
+    CHECK_THROWS_WITH_AS(model_config_from_hf(bad, "cfg.json"),
+                         doctest::Contains("its architectures say LlamaForCausalLM: add \"model_type\": \"llama\""),
+                         Error);
+  }
   nlohmann::json md = {{"general.architecture", "llama"},     {"llama.embedding_length", 64},
                        {"llama.block_count", 2},              {"llama.attention.head_count", 4},
                        {"llama.feed_forward_length", 96},     {"llama.context_length", 512},

@@ -91,6 +91,16 @@ fi
 grep -q "is one of the inputs" "$TMP/own.log" || { cat "$TMP/own.log"; fail "no refusal naming the inputs"; }
 [ "$(cksum <"$TMP/modeldir/model.safetensors")" = "$before" ] || fail "the refused run changed the model's file"
 echo "ok: --out at a file of the model it reads is refused, even with --overwrite"
+# a model folder without a tokenizer's files: --prompt was tokenized by whatever transformers returned
+# (a 2-token capture, issue 50); refused before the model loads, naming --prompt-ids
+TINY="$ROOT/tests/fixtures/tiny_models/llama_linear"
+if "$PY" "$SCRIPT" --model "$TINY" --prompt "The quick brown fox" --layers 0 --threads 1 \
+    --out "$TMP/notok.h5" >"$TMP/notok.log" 2>&1; then
+  fail "kvlab_capture.py captured --prompt with a model that has no tokenizer files"
+fi
+grep -q "no tokenizer files" "$TMP/notok.log" || { cat "$TMP/notok.log"; fail "no refusal naming the tokenizer files"; }
+[ ! -e "$TMP/notok.h5" ] || fail "a refused capture wrote --out"
+echo "ok: --prompt on a model without tokenizer files is refused"
 
 # (c) kvlab inspect accepts it
 "$KVLAB" inspect "$TMP/py_float32.h5" >"$TMP/inspect.log" 2>&1 || { cat "$TMP/inspect.log"; fail "kvlab inspect"; }

@@ -6,6 +6,9 @@
 // <= max_seq_length) and one search step of it. The scorer on a hand-checked set of
 // string_match_all / string_match_part cases and postprocess_pred.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -399,4 +402,117 @@ TEST_CASE("ruler: its word lists are found from any directory; the default hayst
   // An essay task without --haystack-dir looks under $KVLAB_SHARED.
   CHECK(test::run_command(in_dir + "KVLAB_SHARED=" + dir + "/elsewhere " + run + dir + "/e --tasks niah_single_2", &out) != 0);
   CHECK_MESSAGE(out.find(dir + "/elsewhere/data/niah/PaulGrahamEssays") != std::string::npos, out);
+}
+
+// Issue 50: `ruler eval` scored what it should have refused: a repeated id (the last won), a file
+// with 1 of 3 predictions (scored 100 beside complete ones), an empty file (the branch dropped), a
+// run still being written, predictions of other samples (data/ written again with another --seed);
+// and `ruler --overwrite` with other methods left the old branches in pred/, where eval scored them.
+TEST_CASE("ruler eval: refuses repeated, missing and foreign predictions and a run in progress; --overwrite "
+          "leaves no other config's branch") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(essays_dir())) {
+    MESSAGE("skipped: stories260K or the essays not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("ruler_eval_checks");
+  const std::string base = test::kvlab_bin() + " --threads 2 ruler --model " + stories_dir() + " --haystack-dir " +
+                           essays_dir() + " --words " + words_file() +
+                           " --tasks fwe --lengths 512 --samples 3 --quiet --obs-queries 32 --out " + dir + "/run";
+  std::string out;
+  REQUIRE(test::run_command(base + " --method snapkv --ratio 0.5", &out) == 0);
+  const std::string eval = test::kvlab_bin() + " ruler eval " + dir + "/run " + dir + "/other --overwrite --out " +
+                           dir + "/ev";
+  const std::string theirs = dir + "/other/pred/kvpress_snapkv_ratio0.5/fwe_512.jsonl";
+  fs::create_directories(fs::path(theirs).parent_path());
+  std::vector<std::string> mine;  // kvlab's snapkv lines, as {"id", "output"} (no answers to check)
+  {
+    std::ifstream f(dir + "/run/pred/snapkv_ratio0.5/fwe_512.jsonl");
+    for (std::string l; std::getline(f, l);) {
+      const auto j = nlohmann::json::parse(l);
+      mine.push_back(nlohmann::json{{"id", j["id"]}, {"output", j["output"]}}.dump());
+    }
+  }
+  REQUIRE(mine.size() == 3);
+  auto write_theirs = [&](const std::vector<std::string>& ls) {
+    std::ofstream o(theirs, std::ios::trunc);
+    for (const auto& l : ls) o << l << "\n";
+  };
+  write_theirs(mine);
+  REQUIRE(test::run_command(eval, &out) == 0);
+  SUBCASE("an id given twice") {
+    write_theirs({mine[0], mine[1], mine[2], mine[1]});
+    CHECK(test::run_command(eval, &out) != 0);
+    CHECK(out.find("line 4: sample " + nlohmann::json::parse(mine[1])["id"].get<std::string>() +
+                   " again (first on line 2)") != std::string::npos);
+  }
+  SUBCASE("a file with 1 of its 3 samples; scored over its own with --partial") {
+    write_theirs({mine[1]});
+    CHECK(test::run_command(eval, &out) != 0);
+    CHECK(out.find("1 of the 3 samples") != std::string::npos);
+    CHECK(out.find("--partial") != std::string::npos);
+    REQUIRE(test::run_command(eval + " --partial", &out) == 0);
+    for (const auto& r : nlohmann::json::parse(test::read_file(dir + "/ev/result.json"))["rows"])
+      if (r["branch"] == "kvpress_snapkv_ratio0.5") CHECK(r["n"] == 1);
+  }
+  SUBCASE("an empty file") {
+    write_theirs({});
+    CHECK(test::run_command(eval, &out) != 0);
+    CHECK(out.find("0 of the 3 samples") != std::string::npos);
+    CHECK(out.find("(empty)") != std::string::npos);
+  }
+  SUBCASE("a run still being written") {
+    const std::string lock = dir + "/run/.kvlab.lock";
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 0) == 0);
+    REQUIRE(::pwrite(fd, "4242\n", 5, 0) == 5);
+    REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+    CHECK(test::run_command(eval, &out) != 0);
+    CHECK(out.find("is being written by a kvlab run (pid 4242)") != std::string::npos);
+    ::close(fd);
+    CHECK(test::run_command(eval, &out) == 0);
+  }
+  SUBCASE("predictions of other samples: data/ written again with another --seed") {
+    REQUIRE(test::run_command(base + " --method snapkv --ratio 0.5 --data-only --seed 43 --overwrite", &out) == 0);
+    CHECK(test::run_command(eval, &out) != 0);
+    INFO(out);
+    CHECK(out.find("predictions of other samples") != std::string::npos);
+  }
+  SUBCASE("ruler --overwrite with other methods removes the old branches") {
+    REQUIRE(test::run_command(base + " --method knorm --ratio 0.5 --overwrite", &out) == 0);
+    CHECK(out.find("removed pred/snapkv_ratio0.5") != std::string::npos);
+    CHECK(!fs::exists(dir + "/run/pred/snapkv_ratio0.5"));
+    CHECK(fs::exists(dir + "/run/pred/knorm_ratio0.5/fwe_512.jsonl"));
+    fs::remove_all(dir + "/other/pred/kvpress_snapkv_ratio0.5");
+    REQUIRE(test::run_command(eval, &out) == 0);
+    for (const auto& r : nlohmann::json::parse(test::read_file(dir + "/ev/result.json"))["rows"])
+      CHECK(r["branch"] != "snapkv_ratio0.5");
+  }
+}
+
+// Issue 50: a run that failed before any result still left config.json in --out, and the corrected
+// command was refused ("holds the results of another config"). Now --out is left as it was found.
+TEST_CASE("ruler: a run that fails before any result leaves --out as it found it") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(essays_dir())) {
+    MESSAGE("skipped: stories260K or the essays not found (set KVLAB_SHARED)");
+    return;
+  }
+  const std::string dir = test::temp_dir("ruler_failed_out");
+  const std::string base = test::kvlab_bin() + " --threads 2 ruler --model " + stories_dir() + " --haystack-dir " +
+                           essays_dir() + " --words " + words_file() + " --samples 1 --quiet --obs-queries 32 --method "
+                           "snapkv --ratio 0.5";
+  std::string out;
+  // niah_multivalue at 256 tokens: its template and 128 tokens to generate do not fit (found only
+  // when its samples are made, after the run folder was opened).
+  for (const bool existed : {false, true}) {
+    const std::string d = dir + (existed ? "/empty" : "/absent");
+    if (existed) fs::create_directories(d);
+    CHECK(test::run_command(base + " --tasks niah_multivalue --lengths 256 --out " + d, &out) != 0);
+    INFO(out);
+    CHECK(out.find("does not fit") != std::string::npos);
+    CHECK(fs::exists(d) == existed);
+    if (existed) CHECK(fs::is_empty(d));
+    REQUIRE(test::run_command(base + " --tasks fwe --lengths 512 --out " + d, &out) == 0);
+    CHECK(fs::exists(d + "/pred/snapkv_ratio0.5/fwe_512.jsonl"));
+  }
 }

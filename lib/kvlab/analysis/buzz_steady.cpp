@@ -19,6 +19,11 @@ BuzzSteadyState buzz_steady_state(int64_t capacity, int64_t n_sink, int64_t stri
   KVLAB_CHECK(stride >= 3, "--stride must be >= 3 (old samples are thinned by ⌊(s+1)/2⌋ >= 2), got {}", stride);
   KVLAB_CHECK(evictions > warmup && warmup >= 0, "buzz_steady_state: evictions ({}) must exceed warmup ({})", evictions,
               warmup);
+  // Each eviction streams about T tokens through the cache: 2^63-1 ran for ever (issue 50). The
+  // steady state settles within a few hundred.
+  constexpr int64_t kMaxEvictions = 1000000;
+  KVLAB_CHECK(evictions <= kMaxEvictions, "--evictions must be <= {} (the steady state settles within a few "
+              "hundred), got {}", kMaxEvictions, evictions);
   BuzzSteadyState r;
   r.t_over_w_asked = ratio;
   r.n_sink = n_sink;

@@ -62,7 +62,8 @@ namespace kvlab {
 at::Tensor duo_head_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& inv_freq, int64_t q_len) {
   KVLAB_CHECK(q.dim() == 3 && k.dim() == 3 && q.size(1) == k.size(1) && q.size(2) == k.size(2) && q.size(1) > 0,
               "duo_head_scores: q [Hq, T, d] and k [Hkv, T, d] expected");
-  KVLAB_CHECK(q_len >= 1, "duo_head_scores: q_len must be >= 1, got {}", q_len);
+  KVLAB_CHECK(q_len >= 2, "duo_head_scores: q_len must be >= 2 (over one position every head scores 1), got {}",
+              q_len);
   const int64_t hq = q.size(0), hkv = k.size(0), t = q.size(1), d = q.size(2), g = hq / hkv;
   KVLAB_CHECK(hkv > 0 && hq % hkv == 0, "duo_head_scores: {} query heads are not a multiple of {} KV heads", hq, hkv);
   const at::Tensor freq = inv_freq.to(at::kCPU, at::kFloat);
@@ -107,8 +108,10 @@ at::Tensor read_duo_head_scores(const std::string& path, const std::string& para
                 "duo_attention: parameter '{}' ({}): scores row {} must hold {} numbers or be null", param, path, l, h);
     for (int64_t i = 0; i < h; ++i) {
       const auto& v = rows[l][static_cast<size_t>(i)];
-      KVLAB_CHECK(v.is_number() && std::isfinite(v.get<double>()),
-                  "duo_attention: parameter '{}' ({}): scores[{}][{}] is not a finite number", param, path, l, i);
+      // A score is the mean cumulative attention of a head's last query: in [0, 1].
+      KVLAB_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= 1 + 1e-9,
+                  "duo_attention: parameter '{}' ({}): scores[{}][{}] is {}, not a score in [0, 1]", param, path, l,
+                  i, v.dump());
       t[static_cast<int64_t>(l)][i] = v.get<double>();
     }
   }

@@ -1,5 +1,7 @@
 #include "kvlab/core/memory.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 
@@ -22,6 +24,11 @@ int64_t status_kib(const char* key) {
 
 int64_t peak_rss_kib() { return status_kib("VmHWM:"); }
 int64_t current_rss_kib() { return status_kib("VmRSS:"); }
+
+int64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? int64_t(pages) * int64_t(size) : -1;
+}
 
 void release_free_memory() {
 #if defined(__GLIBC__)

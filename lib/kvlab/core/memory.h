@@ -7,6 +7,9 @@ namespace kvlab {
 
 int64_t peak_rss_kib();     // VmHWM: the most resident since the process started
 int64_t current_rss_kib();  // VmRSS
+// The machine's physical memory in bytes (sysconf; -1 when unknown): the bound a command checks a
+// count against before it allocates (issue 50).
+int64_t physical_memory_bytes();
 
 // Hands the allocator's free pages back to the system (glibc's malloc_trim; a no-op elsewhere).
 // glibc keeps freed heap memory for reuse: after a task record's 73 branch caches (thousands of

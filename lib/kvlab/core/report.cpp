@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,6 +109,29 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j) {
 
 namespace {
 
+// Whether a run folder holds no result yet: nothing but config.json, the lock, a result.json
+// without rows, the samples under data/ (made again from the config) and empty files.
+bool holds_no_results(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const fs::path rel = fs::relative(it->path(), dir, ec);
+    const std::string top = rel.begin() == rel.end() ? std::string() : rel.begin()->string();
+    if (it->is_directory(ec) || top == "data" || rel == "config.json" || rel == ".kvlab.lock") continue;
+    if (it->is_regular_file(ec) && it->file_size(ec) == 0) continue;
+    if (rel == "result.json") {
+      try {
+        const auto j = nlohmann::json::parse(std::ifstream(it->path()));
+        if (j.value("rows", nlohmann::json::array()).empty() && !j.contains("rows_file")) continue;
+      } catch (const std::exception&) {
+      }
+    }
+    return false;
+  }
+  return !ec;
+}
+
 // flock(2) on <dir>/.kvlab.lock; see RunDir.
 std::shared_ptr<int> lock_run_dir(const std::string& dir) {
   const std::string path = dir + "/.kvlab.lock";
@@ -138,6 +162,21 @@ std::shared_ptr<int> lock_run_dir(const std::string& dir) {
 }
 
 }  // namespace
+
+std::string run_dir_writer(const std::string& dir) {
+  const std::string path = dir + "/.kvlab.lock";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";  // no lock file: no kvlab run ever wrote there
+  std::string holder;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    std::array<char, 64> buf;
+    for (ssize_t n; (n = ::pread(fd, buf.data(), buf.size(), off_t(holder.size()))) > 0;) holder.append(buf.data(), size_t(n));
+    while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+    if (holder.empty()) holder = "unknown";
+  }
+  ::close(fd);  // drops the shared lock if it was taken
+  return holder;
+}
 
 RunDir::RunDir(const std::string& base, const std::string& experiment, const nlohmann::json& config,
                bool exact, bool overwrite) {
@@ -174,9 +213,28 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
     KVLAB_CHECK(same(earlier, config), "--out {}: holds the results of another config ({}/config.json differs); "
                 "choose another --out, or pass --overwrite to replace them", path_, path_);
   }
+  // A folder this run makes (or finds empty) and leaves by an error before any result is in it is
+  // removed, so that the corrected command is not refused as another config's (issue 50).
+  const bool existed = fs::exists(path_, ec);
+  const bool fresh = !existed || fs::directory_iterator(path_, ec) == fs::directory_iterator();
   fs::create_directories(path_, ec);
   KVLAB_CHECK(!ec, "cannot create results directory '{}': {}", path_, ec.message());
   lock_ = lock_run_dir(path_);
+  if (fresh) {
+    const int unwinding = std::uncaught_exceptions();
+    const std::string dir = path_;
+    std::shared_ptr<int> lock = lock_;
+    lock_ = std::shared_ptr<int>(lock.get(), [lock, dir, unwinding, existed](int*) mutable {
+      const bool failed = std::uncaught_exceptions() > unwinding;
+      if (failed && holds_no_results(dir)) {  // as it was found: absent, or an empty folder
+        std::error_code e;
+        if (!existed) fs::remove_all(dir, e);
+        else
+          for (const auto& entry : fs::directory_iterator(dir, e)) fs::remove_all(entry.path(), e);
+      }
+      lock.reset();
+    });
+  }
   write_json_atomic(file("config.json"), config);
 }
 

@@ -55,6 +55,10 @@ class RunDir {
   std::shared_ptr<int> lock_;  // the lock file's descriptor, shared by copies; released by the last
 };
 
+// The pid of a live kvlab run writing into `dir` (one holding its .kvlab.lock), or "" when none is:
+// for readers of a run folder (ruler eval) that must not score one still being written.
+std::string run_dir_writer(const std::string& dir);
+
 // result.json's layout: `j` as dump(2) writes it, except that each of "rows" is one compact line
 // (a grid's rows stay diffable row by row, at a third of the indented size: 1,606 RULER rows with
 // 20 per-record scores each were 2.4 MB indented, 1.7 MB so). Parses back to `j`.

@@ -39,6 +39,11 @@ int64_t context_length(const json& j, const std::string& key, const std::string&
   const int64_t n = get_or<int64_t>(j, key, 0, source);
   KVLAB_CHECK(!j.contains(key) || j[key].is_null() || n > 0,
               "{}: key '{}' must be a positive integer (the model's context length), found {}", source, key, n);
+  // A claim past any model's (issue 50: 2^63-1 was accepted, and a RULER length checked against it
+  // then ran silent for a minute). 2^30 leaves room for the longest contexts stated today (10M).
+  constexpr int64_t kMaxContext = int64_t(1) << 30;
+  KVLAB_CHECK(n <= kMaxContext, "{}: key '{}' claims a context of {} tokens, more than kvlab accepts ({}): not a "
+              "model's context length", source, key, n, kMaxContext);
   return n;
 }
 
@@ -202,15 +207,20 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
   KVLAB_CHECK(cfg.is_object(), "{}: expected a JSON object", source);
   ModelConfig c;
   std::string type = get_or<std::string>(cfg, "model_type", "", source);
-  if (type.empty() && cfg.contains("architectures") && cfg["architectures"].is_array() &&
-      !cfg["architectures"].empty()) {
-    const std::string a = cfg["architectures"][0].get<std::string>();
-    if (a == "LlamaForCausalLM") type = "llama";
-    if (a == "MistralForCausalLM") type = "mistral";
-    if (a == "Qwen2ForCausalLM") type = "qwen2";
-    if (a == "Qwen3ForCausalLM") type = "qwen3";
-    if (a == "Phi3ForCausalLM") type = "phi3";
-    if (a == "Gemma3ForCausalLM") type = "gemma3";
+  // No guess from "architectures" (issue 50: a missing or null model_type was taken from it as llama;
+  // transformers' AutoConfig refuses such a file too): the error says what to add.
+  if (type.empty()) {
+    std::string hint;
+    if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+        cfg["architectures"][0].is_string()) {
+      const std::string a = cfg["architectures"][0].get<std::string>();
+      for (const auto& [arch, name] : std::vector<std::pair<std::string, std::string>>{
+               {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"},
+               {"Qwen3ForCausalLM", "qwen3"}, {"Phi3ForCausalLM", "phi3"}, {"Gemma3ForCausalLM", "gemma3_text"}})
+        if (a == arch) hint = fmt::format(" (its architectures say {}: add \"model_type\": \"{}\")", a, name);
+    }
+    KVLAB_FAIL("{}: no model_type says which architecture this is{}; supported: {}", source, hint,
+               fmt::join(supported_architectures(), ", "));
   }
   if (type == "gemma3_text") type = "gemma3";
   KVLAB_CHECK(!(type == "gemma3" && cfg.contains("text_config")),

@@ -388,6 +388,7 @@ std::vector<RulerSample> fit_and_sample(const RulerTask& t, int64_t L, int64_t n
       const int64_t tok = tokens(g);
       if (tok + t.tokens_to_generate <= L) {
         out.push_back(to_sample(t, std::move(g), i, L, tok, used));
+        if (count.on_sample) count.on_sample();
         break;
       }
       KVLAB_CHECK(used > step, "--lengths {}: task {} does not fit even with its smallest haystack ({} units: {} "
@@ -508,6 +509,7 @@ std::vector<RulerSample> make_ruler_samples(const RulerTask& t, const RulerSourc
     icl_task.tokens_to_generate = 0;
     RulerTokenCount plain = count;
     plain.prompt = [&](const std::string& input, const std::string& prefix) { return count.text(input + prefix); };
+    plain.on_sample = nullptr;  // the example is not one of the n samples
     // (A tokenizer so fine that 5 lines, the fewest a chain of 5 can hide in, exceed 500 tokens gets
     // the 5 lines: the budget grows to their length.)
     const Generated fewest = vt_generate(5, hops, rng, true);
@@ -562,6 +564,7 @@ std::vector<RulerSample> make_ruler_samples(const RulerTask& t, const RulerSourc
       tok = tokens(g);
     }
     out.push_back(to_sample(t, std::move(g), i, L, tok, w));
+    if (count.on_sample) count.on_sample();
   }
   return out;
 }

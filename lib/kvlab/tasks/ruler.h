@@ -94,6 +94,8 @@ struct RulerTokenCount {
   std::function<int64_t(const std::string& input, const std::string& answer_prefix)> prompt;
   // Plain text (vt's one-shot example, which RULER fits without the model's template).
   std::function<int64_t(const std::string& text)> text;
+  // Optional: called as each of the n samples is made (a long preparation's progress).
+  std::function<void()> on_sample;
 };
 
 // `n` samples of `task` fitted to `max_seq_length` tokens (prompt + tokens_to_generate), seeded by
