@@ -15,9 +15,26 @@ make_kvpress_golden.py (whose helpers this imports; see its docstring), with two
   - kvpress's KVzipPress loads a tokenizer with AutoTokenizer.from_pretrained(model.config.name_or_path)
     to build its repeat prompts; here it gets ../shared/tokenizers/smollm2/tokenizer.json, without a
     chat template for the raw prompts (prefix "", prefix_length 0, suffix "\\n") and with the GGUF's
-    tokenizer.chat_template for one config ("KVzipPress(chat template)") on the first passage as a
-    user turn of that template (prefix = the system turn and the user header, not reconstructed;
-    suffix = the end of turn and the assistant header).
+    tokenizer.chat_template for the templated prompts (prefix = the system turn and the user header,
+    not reconstructed; suffix = the end of turn and the assistant header).
+
+Templated prompts (configs "KVzipPress(chat template)" and "KVzipPress(chat template, chunk_size=512)"):
+  - wikitext2_test_head+chat_template: the first passage as a user turn of the GGUF's template, cut
+    to 316 tokens (no assistant header: the cut falls inside the passage);
+  - pg_addiction_question+chat_template (issue 50): a whole chat prompt of LONG_TEMPLATED["n_tokens"]
+    = 1,170 tokens, as `kvlab generate --prompt-file <user_content> --chat-template auto` builds it:
+    the system turn, a user turn holding an excerpt of Paul Graham's "addiction.txt"
+    (../shared/data/niah/PaulGrahamEssays) + "\\n\\nQuestion: " + a question, and the assistant header
+    (add_generation_prompt=True). Over 1,000 tokens, its reconstruction runs after the 24-token
+    template prefix and ends with the question and the template's end of turn, and kvpress's global
+    cut keeps very uneven layer counts (the script checks they differ). The essay excerpt is the
+    shortest whose rendered prompt has exactly 1,170 tokens (even, so that int(L*H*n*0.5) entries
+    pruned leave a whole number per KV head; 1,170 rather than 1,164/1,166/1,168, whose cuts fall on
+    a near-tie in one of the two configs, so that the greedy ids are compared). Its user message is recorded ("user_content"), so a
+    CLI test can rebuild the ids from text (--prompt-file, --chat-template auto) and compare them
+    with --prompt-ids runs (which must find the template from the ids: issue 50, kvlab generate
+    --prompt-ids built the repeat prompt for template "none"). chunk_size=512 gives it three chunks,
+    each with the prefix offset, the previous chunk's last 8 ids and the template's suffix.
 
 Usage:
   nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvzip_golden.py [--gguf PATH] [--out FILE]
@@ -39,14 +56,22 @@ import make_kvpress_golden as base  # noqa: E402  (sets the offline environment,
 import torch  # noqa: E402
 
 N_TOKENS = {"wikitext2_test_head": 316, "longbench_multi_news_2": 420}
-CONFIGS = [  # (name, KVzipPress keyword arguments, chat template)
-    ("KVzipPress", {"compression_ratio": 0.5}, False),
-    ("KVzipPress", {"compression_ratio": 0.75}, False),
-    ("KVzipPress(chunk_size=128)", {"compression_ratio": 0.5, "chunk_size": 128}, False),
-    ("KVzipPress(layerwise=True)", {"compression_ratio": 0.5, "layerwise": True}, False),
-    ("KVzipPress(chat template)", {"compression_ratio": 0.5}, True),
+CONFIGS = [  # (name, KVzipPress keyword arguments, prompts: "plain" | "templated" | "templated_long")
+    ("KVzipPress", {"compression_ratio": 0.5}, "plain"),
+    ("KVzipPress", {"compression_ratio": 0.75}, "plain"),
+    ("KVzipPress(chunk_size=128)", {"compression_ratio": 0.5, "chunk_size": 128}, "plain"),
+    ("KVzipPress(layerwise=True)", {"compression_ratio": 0.5, "layerwise": True}, "plain"),
+    ("KVzipPress(chat template)", {"compression_ratio": 0.5}, "templated"),
+    ("KVzipPress(chat template, chunk_size=512)", {"compression_ratio": 0.5, "chunk_size": 512}, "templated_long"),
 ]
 TEMPLATED = "wikitext2_test_head"  # the prompt also given with the chat template (its first 316 tokens)
+# Issue 50: a chat prompt over 1,000 tokens (system turn + essay excerpt and question + assistant header).
+LONG_TEMPLATED = {
+    "name": "pg_addiction_question+chat_template",
+    "essay": "addiction.txt",
+    "question": "What do hard liquor, cigarettes, heroin, and crack have in common, according to the author?",
+    "n_tokens": 1170,
+}
 
 
 class _Tokenizers:
@@ -62,6 +87,36 @@ class _Tokenizers:
         t = PreTrainedTokenizerFast(tokenizer_file=cls.path)
         t.chat_template = cls.template
         return t
+
+
+def long_templated_prompt(tok, template):
+    """LONG_TEMPLATED as kvlab generate --chat-template auto builds it: the shortest essay excerpt
+    whose chat prompt (user turn = excerpt + question, with the assistant header) has n_tokens ids."""
+    spec = LONG_TEMPLATED
+    path = os.path.join(base.SHARED, "data", "niah", "PaulGrahamEssays", spec["essay"])
+    with open(path, encoding="utf-8") as f:
+        essay = f.read()
+    eids = tok.encode(essay, add_special_tokens=False).ids
+    _Tokenizers.template = template
+    t = _Tokenizers.from_pretrained()
+    try:
+        for k in range(1, len(eids) + 1):
+            content = tok.decode(eids[:k]).rstrip() + "\n\nQuestion: " + spec["question"]
+            rendered = t.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                             tokenize=False)
+            ids = tok.encode(rendered, add_special_tokens=True).ids
+            if len(ids) == spec["n_tokens"]:
+                return {"name": spec["name"],
+                        "source": "../shared/data/niah/PaulGrahamEssays/%s (its first %d tokens, right-stripped) + "
+                                  "'\\n\\nQuestion: ' + %r as the user message of the GGUF's tokenizer.chat_template "
+                                  "(transformers' apply_chat_template, add_generation_prompt=True)"
+                                  % (spec["essay"], k, spec["question"]),
+                        "n_tokens": len(ids), "text": rendered, "user_content": content, "ids": ids}
+            if len(ids) > spec["n_tokens"] + 8:
+                break
+    finally:
+        _Tokenizers.template = None
+    sys.exit("no excerpt of %s gives a %d-token chat prompt" % (spec["essay"], spec["n_tokens"]))
 
 
 def gguf_chat_template(path):
@@ -162,6 +217,9 @@ def main():
                  "message of the GGUF's tokenizer.chat_template (transformers' apply_chat_template)",
                  "n_tokens": len(ids), "text": tok.decode(ids, skip_special_tokens=False), "ids": ids}
     _Tokenizers.template = None
+    templated_long = long_templated_prompt(tok, template)
+    assert tok.decode(templated_long["ids"], skip_special_tokens=False) == templated_long["text"]
+    prompt_sets = {"plain": prompts, "templated": [templated, templated_long], "templated_long": [templated_long]}
 
     model = AutoModelForCausalLM.from_pretrained(
         os.path.dirname(os.path.abspath(gguf)), gguf_file=os.path.basename(gguf),
@@ -173,10 +231,11 @@ def main():
     eos_ids = eos if isinstance(eos, list) else [eos]
 
     configs_out = []
-    for name, kw, with_template in CONFIGS:
+    for name, kw, prompt_set in CONFIGS:
         results = []
+        with_template = prompt_set != "plain"
         _Tokenizers.template = template if with_template else None
-        for p in [templated] if with_template else prompts:
+        for p in prompt_sets[prompt_set]:
             press = kvpress.KVzipPress(**kw)
             rec = record_kvzip(press, n_layers, n_kv)
             ids = torch.tensor([p["ids"]], dtype=torch.long)
@@ -200,6 +259,16 @@ def main():
                            for i in base.SCORE_LAYERS},
                 "greedy_ids": greedy,
             }
+            # kvlab's test names kvpress's global cut as a whole-number budget per KV head.
+            assert res["n_kept_total"] % (n_layers * n_kv) == 0, (name, p["name"], res["n_kept_total"])
+            if p is templated_long:
+                per_layer = [sum(row) for row in res["n_kept"]]
+                assert kw.get("layerwise", False) or max(per_layer) > min(per_layer), per_layer
+                assert res["prefix_length"] > 0 and res["suffix_ids"] != [198], res["suffix_ids"]
+                print(f"  {p['name']}: per-layer kept {per_layer}", flush=True)
+                if res["n_ambiguous_heads"]:
+                    print(f"  warning: {p['name']} has a tie band at the cut: kvlab's test will not compare "
+                          f"its greedy ids", flush=True)
             results.append(res)
             print(f"{name:28s} {kw} {p['name']:24s} kept {res['n_kept_total']} "
                   f"ties={res['n_ambiguous_heads']} greedy={greedy[:6]}", flush=True)
@@ -230,7 +299,9 @@ def main():
         },
         "tokenizer": "../shared/tokenizers/smollm2/tokenizer.json, add_special_tokens=True (adds no BOS), "
                      "no chat template; ids truncated to n_tokens. KVzipPress's own tokenizer: the same file "
-                     "(no chat template: prefix '' and suffix '\\n')",
+                     "(no chat template: prefix '' and suffix '\\n'; for the configs with chat_template true, "
+                     "the GGUF's tokenizer.chat_template). " + templated_long["name"] + ": a whole chat prompt "
+                     "(not truncated), rendered from its user_content with add_generation_prompt=True",
         "reconstruction": "KVzipPress.prepare: per chunk of chunk_size context tokens, the ids "
                           "repeat_ids[i] = tokenize('\\n\\nRepeat the previous context exactly.') (chunk 0) or "
                           "tokenize('\\n\\nRepeat the part of the previous context exactly, starting with') + "
@@ -249,7 +320,7 @@ def main():
                       "press(model)`, KVzip's reconstruction at the context's exit, first token = argmax of the "
                       "uncompressed prefill logits, then greedy decoding through the masked cache, up to %d "
                       "tokens" % base.MAX_NEW_TOKENS,
-        "prompts": prompts + [templated],
+        "prompts": prompts + [templated, templated_long],
         "configs": configs_out,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

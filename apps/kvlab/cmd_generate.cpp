@@ -36,7 +36,7 @@ struct GenerateCmdOptions {
   std::string model;
   std::string prompt;
   std::string prompt_file;  // the prompt text from a file (as --prompt)
-  std::string prompt_ids;  // "1,2,3": skips the tokenizer and the chat template
+  std::string prompt_ids;  // "1,2,3": used as they are (no tokenizer, no chat template applied)
   std::string chat_template = "auto";
   int64_t max_new_tokens = 64;
   bool ignore_eos = false;
@@ -63,7 +63,8 @@ struct GenerateCmdOptions {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("prompt", prompt, "prompt text (tokenized with the model's tokenizer)");
     f.add("prompt_file", prompt_file, "file holding the prompt text (as --prompt)");
-    f.add("prompt_ids", prompt_ids, "comma-separated token ids; skips tokenizer and chat template");
+    f.add("prompt_ids", prompt_ids, "comma-separated token ids, used as they are (kvzip's repeat prompt follows the chat template "
+                                    "they start with)");
     f.add("chat_template", chat_template, "none | auto | a template name (chatml, llama3, ...)");
     f.add("max_new_tokens", max_new_tokens, "tokens to generate");
     f.add("ignore_eos", ignore_eos, "keep generating after an end-of-sequence token");
@@ -97,14 +98,25 @@ struct GenerateCmdOptions {
 
 // --method: one prefill, one branch per (method, budget); streams each branch's text as it comes.
 void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
-                  const Tokenizer* tok, const std::string& template_name, const std::vector<MethodSpec>& methods,
-                  const std::vector<Budget>& budgets) {
+                  const Tokenizer* tok, const std::string& template_name, const ModelSource& src,
+                  const std::vector<MethodSpec>& methods, const std::vector<Budget>& budgets) {
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   const int64_t n_obs = check_observation_queries(compressors, o.obs_queries);  // -1 = every prompt query
   Prefill prefill = run_prefill(model, prompt_ids, n_obs < 0 ? int64_t(prompt_ids.size()) : n_obs);
-  if (tok)  // kvzip's repeat prompt, in the chat template the prompt was built with
-    prefill.reconstruction = reconstruction_prompt(*tok, template_name);
+  if (tok) {
+    // kvzip's repeat prompt: the model's chat template when the ids start with its prefix, as the task
+    // runner chooses (reconstruction_prompt_for), so --prompt-ids and text templated beforehand with
+    // --chat-template none reconstruct what KVzipPress does (issue 50: they got "none": prefix '', turn
+    // "\n", and kept sets of Jaccard 0.68 to kvpress's on a 1,167-token chat prompt).
+    const ReconstructionPrompt plain = reconstruction_prompt(*tok, "none");
+    const std::string name = template_name != "none" ? template_name
+                                                      : resolve_model_chat_template(o.chat_template == "none" ? "auto"
+                                                                                                              : o.chat_template,
+                                                                                    src, *tok);
+    const ReconstructionPrompt templated = name == "none" ? plain : reconstruction_prompt(*tok, name);
+    prefill.reconstruction = reconstruction_prompt_for(prompt_ids, templated, plain);
+  }
   fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
              prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
@@ -270,7 +282,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
              n_parameters(model) / 1e6, o.dtype, model.device.str(), load_s, prompt_ids.size(),
              template_name);
 
-  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get(), template_name, methods, budgets);
+  if (!o.method.empty()) return run_branches(o, model, prompt_ids, tok.get(), template_name, src, methods, budgets);
   ExactAttention attn(model.config.n_layers);
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;

@@ -341,7 +341,9 @@ MethodSpec method_spec(const std::string& name, const json& params = json::objec
 
 // KVzip (issue 22) against kvpress's KVzipPress: tests/fixtures/kvpress_golden/kvzip_smollm2.json
 // (data_scripts/make_kvzip_golden.py; prompts of 316 and 420 tokens without a chat template, and
-// one in SmolLM2's template, whose prefix is not reconstructed). kvlab's repeat prompts are the ids
+// two in SmolLM2's template, whose prefix is not reconstructed: 316 tokens, and 1,170 (an essay
+// excerpt and a question, kvpress's cut uneven over layers: 736 to 3,089 entries) in chunks of 2,048
+// and 512). kvlab's repeat prompts are the ids
 // kvpress fed; its reconstruction scores (layers 0, 14, 29) equal
 // kvpress's score_val to rtol 1e-4; with one cut over every layer and head (and per layer with
 // layerwise=true), at ratios 0.5 and 0.25 kept and with chunks of 2,048 and 128 tokens, its kept
@@ -435,7 +437,54 @@ TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and gr
   CHECK(worst_score < 1e-4);
   MESSAGE("kvzip: " << compared << " (config, prompt) results compared; reconstruction scores within " << worst_score
                     << " (relative) of kvpress's");
-  CHECK(compared == 9);  // 4 configs x 2 prompts + the chat template's
+  CHECK(compared == 11);  // 4 configs x 2 prompts + the chat template's (two prompts) + its chunks of 512
+}
+
+// Issue 50: `kvlab generate --prompt-ids` (the way to hand kvpress and kvlab the same ids) built
+// kvzip's repeat prompt without the chat template the ids carry (prefix '', turn "\n"): on the
+// golden's 1,170-token chat prompt its kept sets differed from KVzipPress's in 14,988 entries. The
+// command's own path, ids in, --kept-out out, against the golden.
+TEST_CASE("kvpress differential: kvlab generate --prompt-ids keeps KVzipPress's sets on a 1,170-token chat prompt") {
+  const std::string gguf = smollm2_gguf();
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/kvzip_smollm2.json");
+  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
+    return;
+  }
+  const std::string name = "pg_addiction_question+chat_template";
+  std::vector<int64_t> ids;
+  for (const auto& pr : g["prompts"])
+    if (pr["name"] == name) ids = pr["ids"].get<std::vector<int64_t>>();
+  REQUIRE(ids.size() > 1000);
+  const json* result = nullptr;
+  for (const auto& config : g["configs"])
+    if (config["name"] == "KVzipPress(chat template)@0.5")
+      for (const auto& r : config["results"])
+        if (r["prompt"] == name) result = &r;
+  REQUIRE(result != nullptr);
+  const int64_t n = static_cast<int64_t>(ids.size()), n_layers = 30, h_kv = 3;
+  const int64_t total = (*result)["n_kept_total"].get<int64_t>();
+  REQUIRE(total % (n_layers * h_kv) == 0);
+  std::string list;
+  for (int64_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  const std::string out = test::temp_dir("kvzip_generate_ids") + "/kept.json";
+  std::string log;
+  REQUIRE_MESSAGE(test::run_command(test::kvlab_bin() + " --threads 2 generate --model " + gguf + " --prompt-ids " +
+                                        list + " --method kvzip --budget " + std::to_string(total / (n_layers * h_kv)) +
+                                        " --max-new-tokens 1 --kept-out " + out, &log) == 0, log);
+  const json kept = read_json_file(out)["branches"][0]["layers"];
+  REQUIRE(static_cast<int64_t>(kept.size()) == n_layers);
+  int64_t differ = 0;
+  for (int64_t l = 0; l < n_layers; ++l)
+    for (int64_t h = 0; h < h_kv; ++h) {
+      std::set<int64_t> mine, band;
+      for (const auto& q : kept[l]["kv_heads"][h]["positions"])
+        if (q.get<int64_t>() < n) mine.insert(q.get<int64_t>());
+      const std::set<int64_t> theirs = kept_positions((*result)["kept"][l][h].get<std::string>());
+      for (const auto& q : (*result)["tie_band"][l][h]) band.insert(q.get<int64_t>());
+      for (int64_t q = 0; q < n; ++q) differ += !band.count(q) && mine.count(q) != theirs.count(q);
+    }
+  CHECK(differ == 0);  // 14,988 before the fix
 }
 
 // DuoAttention (issue 22) against kvpress's DuoAttentionPress(on_the_fly_scoring=True):
