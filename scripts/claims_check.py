@@ -51,12 +51,12 @@ for _attempt in range(3):  # stats.py may still be being finished by another hel
 ALPHA = 0.05
 R = lambda *p: os.path.join(ROOT, "results", *p)  # noqa: E731
 
-# Committed runs (merged runs with pred/, or shards where pred/ of the merge is not committed).
-NIAH_WHOLE = R("niah_whole", "20261124-093908_7074176")
-LONGEVAL_WHOLE = R("longeval_whole", "20261124-220211_1812fe0")
-LONGBENCH_WHOLE = R("longbench_whole", "20261124-143741_19ec38c")
-XSUM_STREAM = R("xsum_whole_stream", "20261124-104413_7074176")
-XSUM_PREFILL = R("xsum_whole_prefill", "20261124-101441_7074176")
+# Committed runs: results folders (predictions.jsonl.gz, docs/results.md).
+NIAH_WHOLE = R("niah_whole")
+LONGEVAL_WHOLE = R("longeval_whole")
+LONGBENCH_WHOLE = R("longbench_whole")
+XSUM_STREAM = R("xsum_whole_stream")
+XSUM_PREFILL = R("xsum_whole_prefill")
 RULER_CONTEXT = R("ruler_context")          # results folders (predictions.jsonl.gz)
 RULER_WHOLE = R("ruler_whole")
 RULER_NO_OUTLIERS = R("ruler_whole_chelsea_no_outliers")

@@ -37,7 +37,9 @@ def check(cond, what, out=""):
 
 
 # 1. committed folders
-folders = sorted(os.path.dirname(p) for p in glob.glob(os.path.join(ROOT, "results", "*", results.PREDICTIONS)))
+# a step's folder, or one run of a step whose runs re-ran each other's branches (results/niah_leaderboard_*/<run>)
+folders = sorted(os.path.dirname(p) for pattern in (("*",), ("*", "*"))
+                 for p in glob.glob(os.path.join(ROOT, "results", *pattern, results.PREDICTIONS)))
 check(len(folders) >= 3, f"at least the three converted RULER steps are results folders (found {len(folders)})")
 for folder in folders:
     name = os.path.relpath(folder, ROOT)
