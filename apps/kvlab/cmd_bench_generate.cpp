@@ -35,11 +35,13 @@
 #include "kvlab/generate/branches.h"
 #include "kvlab/model/model.h"
 #include "kvlab/model/model_tokenizer.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct GenerateBenchOptions {
+struct GenerateBenchOptions : RunFolderOptions {
+  GenerateBenchOptions() : RunFolderOptions("bench_generate") {}
   std::string model = "smollm2-135m";
   std::vector<int64_t> context = {2048, 4096, 8192};
   std::string method = "exact,h2o,snapkv,streaming_llm,chelsea";
@@ -52,10 +54,6 @@ struct GenerateBenchOptions {
   nlohmann::json params = nlohmann::json::object();
   std::string dtype = "fp32";
   std::string device = "cpu";
-  std::string out;
-  std::string name = "bench_generate";
-  std::string results_dir = "results";
-  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)");
     f.add("context", context, "prompt lengths in tokens, e.g. 2048,4096,8192");
@@ -70,10 +68,7 @@ struct GenerateBenchOptions {
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
     f.add("device", device, "cpu | cuda | cuda:N");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    run_folder_fields(f);
   }
   void check() const {
     KVLAB_CHECK(new_tokens >= 2, "--new-tokens must be >= 2, got {}", new_tokens);
@@ -166,7 +161,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   }
   // Once the flags are known to be good, so that a bad one still gives a single error line.
   if (const std::string w = blas_core_warning(); !w.empty()) fmt::print(stderr, "warning: {}\n", w);
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   c10::InferenceMode guard;
   nlohmann::json rows = nlohmann::json::array(), batch_rows = nlohmann::json::array();
   int prefills = 0;

@@ -15,21 +15,19 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/provenance.h"
 #include "kvlab/core/report.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct BuzzSteadyOptions {
+struct BuzzSteadyOptions : RunFolderOptions {
+  BuzzSteadyOptions() : RunFolderOptions("buzz_steady") {}
   int64_t cache_size = 200;
   int64_t stride = 5;
   int64_t n_sink = 4;
   std::vector<double> t_over_w = {1.5, 2.5, 3.5, 4.5, 5.5, 6.5};
   int64_t evictions = 200;
   int64_t warmup = 50;
-  std::string out;
-  std::string name = "buzz_steady";
-  std::string results_dir = "results";
-  bool overwrite = false;
   void fields(FieldList& f) {
     f.add("cache_size", cache_size, "cache entries C = k + w + T");
     f.add("stride", stride, "BUZZ stride s (>= 3)");
@@ -37,10 +35,7 @@ struct BuzzSteadyOptions {
     f.add("t_over_w", t_over_w, "T/w values; w = round((C - k)/(1 + T/w)), T = C - k - w");
     f.add("evictions", evictions, "evictions streamed per T/w");
     f.add("warmup", warmup, "first evictions left out of the steady-state statistics");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    run_folder_fields(f);
   }
 };
 
@@ -56,7 +51,7 @@ void run_buzz_steady(const BuzzSteadyOptions& o, const nlohmann::json& effective
                     {"sampled_over_window", s.sampled_over_window}, {"evictions", s.evictions},
                     {"peak_size", s.peak_size}});
   }
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   run.write_result(context_block("cpu", 0, effective), rows, {{"complete", true}});
   std::cout << render_table(rows, {"t_over_w_asked", "window", "threshold", "t_over_w", "sampled_mean", "sampled_min",
                                    "sampled_max", "sampled_over_window", "fixed_point", "theorem_ratio", "peak_size"});

@@ -46,51 +46,65 @@
 namespace kvlab::cli {
 namespace {
 
-// --samples: windows are forwarded one by one (seconds each on a CPU); a count no run can finish is
-// refused before the model loads (issue 50: --samples 1e9 started with an ETA of 139 days).
-constexpr int64_t kMaxWindows = 100000;
-void check_windows(int64_t samples) {
-  KVLAB_CHECK(samples >= 1 && samples <= kMaxWindows, "--samples must be in [1, {}] (windows; kvpress calibrates "
-              "on 50), got {}", kMaxWindows, samples);
-}
-
-struct CalibrateChelseaOptions {
-  bool overwrite = false;
+// What every calibration reads and writes: `samples` windows of `tokens` tokens of --text at seeded
+// offsets through --model, and one --out JSON file (shared by calibrate chelsea and duo).
+struct CalibrationWindows {
   std::string model;
   std::string text;
-  int64_t samples = 8;
+  int64_t samples;
   int64_t tokens = 2048;
   int64_t seed = 0;
+  std::string device = "cpu";
+  std::string out;
+  bool overwrite = false;
+
+  explicit CalibrationWindows(int64_t default_samples) : samples(default_samples) {}
+  void window_fields(FieldList& f, const std::string& text_help, const std::string& samples_help) {
+    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
+    f.add("text", text, text_help).required();
+    f.add("samples", samples, samples_help);
+    f.add("tokens", tokens, "tokens per window");
+    f.add("seed", seed, "seed of the window offsets");
+  }
+  void output_fields(FieldList& f, const std::string& out_help) {
+    f.add("device", device, "cpu | cuda | cuda:N");
+    f.add("out", out, out_help).required();
+    f.add("overwrite", overwrite, "replace an existing --out file");
+  }
+  // Windows are forwarded one by one (seconds each on a CPU): a count no run can finish is refused
+  // before the model loads (issue 50: --samples 1e9 started with an ETA of 139 days).
+  void check_windows() const {
+    constexpr int64_t kMaxWindows = 100000;
+    KVLAB_CHECK(samples >= 1 && samples <= kMaxWindows, "--samples must be in [1, {}] (windows; kvpress calibrates "
+                "on 50), got {}", kMaxWindows, samples);
+    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
+    parse_device(device, "--device");
+  }
+};
+
+struct CalibrateChelseaOptions : CalibrationWindows {
   double threshold = 0.8;
   int64_t n_sink = 16;
   int64_t n_recent = 64;
   int64_t chunk = 256;
-  std::string device = "cpu";
-  std::string out;
+  CalibrateChelseaOptions() : CalibrationWindows(8) {}
   void fields(FieldList& f) {
-    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
-    f.add("text", text, "calibration text (the paper: WikiText-2, ../shared/data/wikitext2/wiki.test.raw)").required();
-    f.add("samples", samples, "windows drawn from the text (seeded)");
-    f.add("tokens", tokens, "tokens per window");
-    f.add("seed", seed, "seed of the window offsets");
+    window_fields(f, "calibration text (the paper: WikiText-2, ../shared/data/wikitext2/wiki.test.raw)",
+                  "windows drawn from the text (seeded)");
     f.add("threshold", threshold, "edge similarity below which an A entry counts as unconnected (App. B: 0.8)");
     f.add("n_sink", n_sink, "first entries outside the matching (chelsea's n_sink)");
     f.add("n_recent", n_recent, "last entries outside the matching (chelsea's n_recent)");
     f.add("chunk", chunk, "chunk size of the soft matching (chelsea's chunk)");
-    f.add("device", device, "cpu | cuda | cuda:N");
-    f.add("out", out, "output JSON (chelsea's `outliers` parameter reads it)").required();
-    f.add("overwrite", overwrite, "replace an existing --out file");
+    output_fields(f, "output JSON (chelsea's `outliers` parameter reads it)");
   }
   void check() const {
-    check_windows(samples);
+    check_windows();
     KVLAB_CHECK(threshold > -1 && threshold <= 1, "--threshold must be a cosine in (-1, 1], got {}", threshold);
     KVLAB_CHECK(chunk >= 2, "--chunk must be >= 2, got {}", chunk);
-    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
     KVLAB_CHECK(n_sink >= 0 && n_sink < tokens, "--n-sink must be in [0, --tokens), got {}", n_sink);
     KVLAB_CHECK(n_recent >= 0 && n_recent < tokens, "--n-recent must be in [0, --tokens), got {}", n_recent);
     KVLAB_CHECK(tokens > n_sink + n_recent + 1, "--tokens ({}) must exceed --n-sink + --n-recent + 1 = {}", tokens,
                 n_sink + n_recent + 1);
-    parse_device(device, "--device");
   }
 };
 
@@ -112,39 +126,37 @@ struct CalibrationRun {
   std::vector<int64_t> offsets;
 };
 
-CalibrationRun run_windows(const std::string& model_name, const std::string& text_path, const std::string& device,
-                           int64_t samples, int64_t tokens, int64_t seed, QkvTap& tap,
-                           const std::function<void(const Model&)>& on_loaded) {
-  std::ifstream in(text_path, std::ios::binary);
-  KVLAB_CHECK(in.good(), "--text '{}': cannot open", text_path);
+CalibrationRun run_windows(const CalibrationWindows& w, QkvTap& tap, const std::function<void(const Model&)>& on_loaded) {
+  std::ifstream in(w.text, std::ios::binary);
+  KVLAB_CHECK(in.good(), "--text '{}': cannot open", w.text);
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string text = ss.str();
-  KVLAB_CHECK(!text.empty(), "--text '{}': the file is empty", text_path);
+  KVLAB_CHECK(!text.empty(), "--text '{}': the file is empty", w.text);
 
-  ModelSource src = resolve_model(model_name, "--model");
+  ModelSource src = resolve_model(w.model, "--model");
   ModelLoadOptions lo;
-  lo.device = parse_device(device, "--device");
+  lo.device = parse_device(w.device, "--device");
   CalibrationRun run{load_model(src, lo), {}};
   const ModelConfig& c = run.model.config;
   const int64_t ctx = c.max_position_embeddings > 0 ? c.max_position_embeddings : 4096;
-  KVLAB_CHECK(tokens <= ctx, "--tokens {} exceeds the model's context of {} tokens", tokens, ctx);
+  KVLAB_CHECK(w.tokens <= ctx, "--tokens {} exceeds the model's context of {} tokens", w.tokens, ctx);
   Tokenizer tok = load_model_tokenizer(src);
   const std::vector<int64_t> ids = tok.encode(text, /*add_bos=*/false);
-  KVLAB_CHECK(static_cast<int64_t>(ids.size()) >= tokens, "--text '{}' has {} tokens, fewer than --tokens {}",
-              text_path, ids.size(), tokens);
+  KVLAB_CHECK(static_cast<int64_t>(ids.size()) >= w.tokens, "--text '{}' has {} tokens, fewer than --tokens {}",
+              w.text, ids.size(), w.tokens);
   on_loaded(run.model);
   ExactAttention attn(c.n_layers);
   ForwardOptions fo;
   fo.tap = &tap;
   fo.logits = false;
-  std::mt19937_64 gen(static_cast<uint64_t>(seed));
-  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(ids.size()) - tokens);
-  Progress progress("calibrate", samples);
-  for (int64_t s = 0; s < samples; ++s) {
+  std::mt19937_64 gen(static_cast<uint64_t>(w.seed));
+  std::uniform_int_distribution<int64_t> offset(0, static_cast<int64_t>(ids.size()) - w.tokens);
+  Progress progress("calibrate", w.samples);
+  for (int64_t s = 0; s < w.samples; ++s) {
     const int64_t off = offset(gen);
     run.offsets.push_back(off);
-    std::vector<int64_t> window(ids.begin() + off, ids.begin() + off + tokens);
+    std::vector<int64_t> window(ids.begin() + off, ids.begin() + off + w.tokens);
     if (c.bos_token_id >= 0) window.front() = c.bos_token_id;  // each window starts like a prompt
     attn.reset();
     forward(run.model, at::tensor(window, at::kLong), 0, attn, fo);
@@ -162,7 +174,7 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
   tap.cfg.n_recent = o.n_recent;
   tap.cfg.chunk = o.chunk;
   tap.threshold = o.threshold;
-  CalibrationRun run = run_windows(o.model, o.text, o.device, o.samples, o.tokens, o.seed, tap, [&](const Model& m) {
+  CalibrationRun run = run_windows(o, tap, [&](const Model& m) {
     tap.sum = at::zeros({m.config.n_layers, m.config.n_kv_heads}, at::kDouble);
   });
   const Model& model = run.model;
@@ -192,34 +204,19 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
              c.n_layers, c.n_kv_heads, o.samples, o.tokens, names.empty() ? " (none)" : names);
 }
 
-struct CalibrateDuoOptions {
-  bool overwrite = false;
-  std::string model;
-  std::string text;
-  int64_t samples = 50;
-  int64_t tokens = 2048;
-  int64_t seed = 0;
+struct CalibrateDuoOptions : CalibrationWindows {
   int64_t q_len = 500;
-  std::string device = "cpu";
-  std::string out;
+  CalibrateDuoOptions() : CalibrationWindows(50) {}
   void fields(FieldList& f) {
-    f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
-    f.add("text", text, "calibration text (kvpress: BookSum chapters; here e.g. ../shared/data/wikitext2/wiki.test.raw)")
-        .required();
-    f.add("samples", samples, "windows drawn from the text (seeded; kvpress: 50 chapters)");
-    f.add("tokens", tokens, "tokens per window");
-    f.add("seed", seed, "seed of the window offsets");
+    window_fields(f, "calibration text (kvpress: BookSum chapters; here e.g. ../shared/data/wikitext2/wiki.test.raw)",
+                  "windows drawn from the text (seeded; kvpress: 50 chapters)");
     f.add("q_len", q_len, "synthetic positions the mean query and key are rotated over (kvpress: 500)");
-    f.add("device", device, "cpu | cuda | cuda:N");
-    f.add("out", out, "output JSON (duo_attention's `heads` parameter reads it)").required();
-    f.add("overwrite", overwrite, "replace an existing --out file");
+    output_fields(f, "output JSON (duo_attention's `heads` parameter reads it)");
   }
   void check() const {
-    check_windows(samples);
-    KVLAB_CHECK(tokens >= 1, "--tokens must be >= 1, got {}", tokens);
+    check_windows();
     // One position: the softmax over one key is 1 and every head scores 1.0 (issue 50).
     KVLAB_CHECK(q_len >= 2, "--q-len must be >= 2 (over one position every head scores 1), got {}", q_len);
-    parse_device(device, "--device");
   }
 };
 
@@ -239,7 +236,7 @@ void run_calibrate_duo(const CalibrateDuoOptions& o, const nlohmann::json& effec
   c10::InferenceMode guard;
   DuoTap tap;
   tap.q_len = o.q_len;
-  CalibrationRun run = run_windows(o.model, o.text, o.device, o.samples, o.tokens, o.seed, tap, [&](const Model& m) {
+  CalibrationRun run = run_windows(o, tap, [&](const Model& m) {
     tap.model = &m;
     tap.sum = at::zeros({m.config.n_layers, m.config.n_kv_heads}, at::kDouble);
   });

@@ -27,11 +27,13 @@
 #include "kvlab/core/text.h"
 #include "kvlab/io/capture.h"
 #include "kvlab/replay/plan.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct ClusterabilityCmdOptions {
+struct ClusterabilityCmdOptions : RunFolderOptions {
+  ClusterabilityCmdOptions() : RunFolderOptions("clusterability") {}
   std::string capture;
   std::string layers = "all";
   std::string heads = "all";
@@ -42,10 +44,6 @@ struct ClusterabilityCmdOptions {
   int64_t silhouette_k = 16;
   std::vector<double> delta_fractions = {0.5, 0.75, 1.0};
   int64_t position_bin = 256;
-  std::string out;
-  std::string name = "clusterability";
-  std::string results_dir = "results";
-  bool overwrite = false;
 
   void fields(FieldList& f) {
     f.add("capture", capture, "capture file (.h5) from 'kvlab dump' or 'kvlab synth'").required();
@@ -58,10 +56,7 @@ struct ClusterabilityCmdOptions {
     f.add("silhouette_k", silhouette_k, "k-center centres of the partition scored by silhouette");
     f.add("delta_fractions", delta_fractions, "δ of the δ-clusters as fractions of the set's rms spread");
     f.add("position_bin", position_bin, "tokens per bin of the query-norm trend");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    run_folder_fields(f);
   }
   void check() const {
     KVLAB_CHECK(k_max >= 1, "--k-max must be >= 1, got {}", k_max);
@@ -114,7 +109,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
                 "sample {}; see --max-points and --skip-first)", o.silhouette_k, n_points, s);
   }
 
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   nlohmann::json rows = nlohmann::json::array(), qnorms = nlohmann::json::array();
   // r(k)/diameter curves per (layer, kind): mean, min and max over samples and KV heads.
   std::map<std::pair<int, std::string>, std::vector<std::vector<double>>> curves, curves_r1;

@@ -24,11 +24,13 @@
 #include "kvlab/generate/ppl.h"
 #include "kvlab/model/model.h"
 #include "kvlab/model/model_tokenizer.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct PplOptionsCmd {
+struct PplOptionsCmd : RunFolderOptions {
+  PplOptionsCmd() : RunFolderOptions("ppl") {}
   std::string model;
   std::string text;
   int64_t max_tokens = 0;  // 0 = 1024, or the model's context when that is shorter
@@ -39,10 +41,6 @@ struct PplOptionsCmd {
   int64_t seed = 42;
   std::string dtype = "fp32";
   std::string device = "cpu";
-  std::string out;
-  std::string name = "ppl";
-  std::string results_dir = "results";
-  bool overwrite = false;
   bool quiet = false;
   bool no_batch = false;
   void fields(FieldList& f) {
@@ -57,10 +55,7 @@ struct PplOptionsCmd {
     f.add("seed", seed, "seed of random methods");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
     f.add("device", device, "cpu | cuda | cuda:N");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    run_folder_fields(f);
     f.add("quiet", quiet, "no progress output");
     f.add("no_batch", no_batch, "feed each token to the branches one after another instead of in one batch (the same "
           "rows up to float rounding)");
@@ -105,7 +100,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   for (const auto& m : methods)
     for (int64_t c : o.cache_size) branches.push_back({m, c, static_cast<uint64_t>(o.seed)});
   check_ppl_branches(model, branches);
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   fmt::print(stderr, "[ppl] {} tokens of {}, {} branches (each token by token) + the full cache -> {}\n", ids.size(),
              o.text, branches.size(), run.path());
   Progress progress("ppl", int64_t(ids.size()) - 1, !o.quiet);

@@ -28,11 +28,13 @@
 #include "kvlab/replay/plan.h"
 #include "kvlab/replay/replay.h"
 #include "kvlab/replay/tables.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct ReplayOptions {
+struct ReplayOptions : RunFolderOptions {
+  ReplayOptions() : RunFolderOptions("replay") {}
   std::string capture;
   std::string method = "exact";
   std::vector<double> ratio;
@@ -43,7 +45,6 @@ struct ReplayOptions {
   std::string eval_queries = "last:256";
   int64_t obs_queries = 256;
   bool rerotate = false;
-  bool overwrite = false;
   bool skip_nonfinite = false;
   std::string layers = "all";
   std::string heads = "all";
@@ -52,9 +53,6 @@ struct ReplayOptions {
   std::vector<int64_t> seed_list;
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
-  std::string out;
-  std::string name = "replay";
-  std::string results_dir = "results";
   std::string shard = "0/1";
   std::string device = "cpu";
   bool list_methods = false;
@@ -82,14 +80,11 @@ struct ReplayOptions {
     f.add("seed_list", seed_list, "explicit seeds (instead of --seeds)");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
+    run_folder_fields(f);
     f.add("shard", shard, "run shard i of N (i/N) of the (sample, layer) units; merge with 'kvlab merge'");
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("list_methods", list_methods, "list the methods with one-line descriptions and exit");
     f.add("quiet", quiet, "no progress output");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
     f.add("skip_nonfinite", skip_nonfinite, "skip (sample, layer) units whose q/k/v hold NaN/Inf and list them in "
                                             "result.json (default: such a unit is an error)");
     f.add("kept_out", kept_out, "write what every (sample, layer, method, setting, seed) kept to <run>/kept.jsonl: "
@@ -179,7 +174,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   std::set<std::pair<int64_t, int>> done;            // (sample, layer) units already measured
   const std::string checkpoint = o.out + "/result.json";
   const bool resumable = !o.out.empty() && !o.overwrite && std::filesystem::exists(checkpoint);
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   if (resumable) {
     const nlohmann::json prev = read_json_file(checkpoint);
     if (!prev.value("complete", true)) {

@@ -23,11 +23,13 @@
 #include "kvlab/core/text.h"
 #include "kvlab/io/capture.h"
 #include "kvlab/replay/plan.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 namespace {
 
-struct TsneCmdOptions {
+struct TsneCmdOptions : RunFolderOptions {
+  TsneCmdOptions() : RunFolderOptions("tsne") {}
   std::string capture;
   std::string layers = "all";
   std::string heads = "0";
@@ -44,10 +46,6 @@ struct TsneCmdOptions {
   uint64_t seed = 0;
   int64_t kcenter_k = 16;
   int64_t trust_k = 10;
-  std::string out;
-  std::string name = "tsne";
-  std::string results_dir = "results";
-  bool overwrite = false;
 
   void fields(FieldList& f) {
     f.add("capture", capture, "capture file (.h5) from 'kvlab dump' or 'kvlab synth'").required();
@@ -66,10 +64,7 @@ struct TsneCmdOptions {
     f.add("seed", seed, "seed of --init random");
     f.add("kcenter_k", kcenter_k, "greedy k-center centres marked per panel");
     f.add("trust_k", trust_k, "neighbours of the trustworthiness score");
-    f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>)");
-    f.add("name", name, "experiment name (the results subfolder)");
-    f.add("results_dir", results_dir, "base directory of results");
-    f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+    run_folder_fields(f);
   }
   void check() const {
     KVLAB_CHECK(max_iter >= 250 && max_iter <= 1000000, "--max-iter must be in [250, 1000000], got {}", max_iter);
@@ -104,7 +99,7 @@ void run_tsne(const TsneCmdOptions& o, const nlohmann::json& effective) {
   KVLAB_CHECK(o.trust_k >= 1 && 2 * o.trust_k < n, "--trust-k must be in [1, {}) for {} tokens, got {}", (n + 1) / 2, n,
               o.trust_k);
 
-  RunDir run = open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite);
+  RunDir run = o.open_run(effective);
   nlohmann::json rows = nlohmann::json::array();
   std::vector<TsnePanel> panels;
   std::string csv = "layer,kv_head,kind,position,x,y,centre_rank\n";

@@ -40,10 +40,7 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
   f.add("device", device, "cpu | cuda | cuda:N");
   f.add("shard", shard, "i/N: only records i, i+N, i+2N, ... of each dataset (kvlab merge joins the shards)");
-  f.add("out", out, "run directory (default: <results-dir>/<name>/<UTC stamp>_<sha7>); the same --out resumes");
-  f.add("name", name, "experiment name (the results subfolder)");
-  f.add("results_dir", results_dir, "base directory of results");
-  f.add("overwrite", overwrite, "replace an --out folder that holds the results of another config");
+  run_folder_fields(f, /*resumes=*/true);
   f.add("quiet", quiet, "no progress output");
   f.add("no_batch", no_batch, "decode a record's branches one after another instead of in one batch (the same "
         "outputs; for comparison)");
@@ -105,7 +102,7 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
 
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective,
                       const std::vector<TaskBranch>& branches) {
-  TaskRun tr{open_run_dir(o.out, o.results_dir, o.name, effective, o.overwrite),
+  TaskRun tr{o.open_run(effective),
              context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
   // --overwrite replaces another config's results: its branches this run does not have go now
   // (issue 50: they stayed in pred/ and `ruler eval` scored them beside this run's).

@@ -17,10 +17,11 @@
 #include "kvlab/model/model.h"
 #include "kvlab/tasks/task_runner.h"
 #include "kvlab/tokenizer/tokenizer.h"
+#include "run_folder.h"
 
 namespace kvlab::cli {
 
-struct TaskCommonOptions {
+struct TaskCommonOptions : RunFolderOptions {
   std::string model = "smollm2-135m";
   std::string method = "exact";
   std::vector<double> ratio;
@@ -40,13 +41,10 @@ struct TaskCommonOptions {
   std::string dtype = "fp32";
   std::string device = "cpu";
   std::string shard = "0/1";
-  std::string out;
-  std::string name;  // set by the command ("longeval", "niah", ...)
-  std::string results_dir = "results";
-  bool overwrite = false;
   bool quiet = false;
   bool no_batch = false;               // decode a record's branches one by one (issue 25's comparison)
-  explicit TaskCommonOptions(std::string experiment) : name(std::move(experiment)) {}
+  // experiment: the command's name ("longeval", "niah", ...), the default --name
+  explicit TaskCommonOptions(std::string experiment) : RunFolderOptions(std::move(experiment)) {}
   void fields(FieldList& f);
 };
 
