@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -93,8 +94,20 @@ void merge_task_shards(const MergeOptions& o, const nlohmann::json& effective, c
     std::cout << render_table(extra["longbench"], longbench_table_columns(datasets, e)) << "\n";
   }
   if (first.contains("ruler")) {  // the leaderboard's table over the joined rows, and the samples (every shard wrote them)
-    extra["ruler"] = ruler_score_table(rows);
     namespace fs = std::filesystem;
+    // A row of a shard written before rows carried their task and length: from its samples' fields.
+    for (auto& r : rows)
+      if (!r.contains("task")) {
+        const std::string data = dirs.front() + "/data/" + r.value("dataset", std::string()) + ".jsonl";
+        std::ifstream in(data);
+        std::string line;
+        if (!std::getline(in, line)) continue;
+        const nlohmann::json sample = nlohmann::json::parse(line, nullptr, false);
+        if (sample.is_object() && sample.value("task", nlohmann::json()).is_string() &&
+            sample.value("max_seq_length", nlohmann::json()).is_number_integer())
+          ruler_tag_row(r, sample["task"].get<std::string>(), sample["max_seq_length"].get<int64_t>());
+      }
+    extra["ruler"] = ruler_score_table(rows);
     if (fs::is_directory(dirs.front() + "/data")) {
       fs::create_directories(run.file("data"));
       for (const auto& e : fs::directory_iterator(dirs.front() + "/data"))

@@ -137,8 +137,10 @@ void run_ruler(const RulerOptions& o, const json& effective) {
         fmt::print(stderr, "[ruler] {}: {} samples\n", dataset, samples.size());
         continue;
       }
+      const size_t before = rows.size();
       run_task_dataset(c, *tm, tr, TaskSpec{dataset, ruler_score}, records, branches, rows,
                        li + 1 == o.lengths.size() && ti + 1 == tasks.size());
+      for (size_t k = before; k < rows.size(); ++k) ruler_tag_row(rows[k], t.name, L);
     }
   if (o.data_only) {
     tr.write(rows, {{"complete", true}, {"data_only", true}});
@@ -268,7 +270,8 @@ void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
   json rows = json::array();
   for (const auto& b : order)
     for (const auto& [dataset, outs] : outputs[b]) {
-      const std::string task = dataset.substr(0, dataset.rfind('_'));
+      const json& sample = gold[dataset].begin()->second;  // the samples say their task and length
+      const std::string task = sample.value("task", std::string());
       const bool part = std::any_of(ruler_tasks().begin(), ruler_tasks().end(),
                                     [&](const RulerTask& t) { return t.name == task && !t.match_all; });
       double sum = 0;
@@ -276,6 +279,7 @@ void run_ruler_eval(const RulerEvalOptions& o, const json& effective) {
         sum += ruler_score(out, {{"outputs", gold[dataset][id]["outputs"]}, {"match", part ? "part" : "all"}})["score"]
                    .get<double>();
       json row = {{"branch", b}, {"dataset", dataset}, {"n", outs.size()}, {"score", 100.0 * sum / double(outs.size())}};
+      ruler_tag_row(row, task, sample.value("max_seq_length", int64_t(0)));
       // kvpress_<x>: how often its output is kvlab's <x>'s, over the samples both have.
       if (b.rfind("kvpress_", 0) == 0 && outputs.count(b.substr(8)) && outputs[b.substr(8)].count(dataset)) {
         const auto& mine = outputs[b.substr(8)][dataset];

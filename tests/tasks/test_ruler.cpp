@@ -252,6 +252,14 @@ TEST_CASE("ruler: kvlab ruler on stories260K — samples, table, shards merged e
   CHECK(merged["ruler"] == res["ruler"]);
   CHECK(lines(dir + "/merged/data/fwe_512.jsonl") == data);
   CHECK(lines(dir + "/merged/pred/exact/fwe_512.jsonl").size() == 3);
+  // Shards written before rows carried "task" and "length": merge takes them from the samples.
+  for (const char* s : {"/s0", "/s1"}) {
+    auto r = nlohmann::json::parse(test::read_file(dir + s + "/result.json"));
+    for (auto& row : r["rows"]) row.erase("task"), row.erase("length");
+    std::ofstream(dir + s + "/result.json", std::ios::trunc) << r.dump(1);
+  }
+  REQUIRE(test::run_command(test::kvlab_bin() + " merge " + dir + "/s0 " + dir + "/s1 --out " + dir + "/merged_old", &out) == 0);
+  CHECK(nlohmann::json::parse(test::read_file(dir + "/merged_old/result.json"))["ruler"] == res["ruler"]);
   // Resume: the same command over the same folder decodes nothing again, and leaves the complete
   // run's result.json as it was, provenance included, even from another thread count. Before, it
   // was rewritten as this invocation's run (its date, its threads; another binary's sha).
@@ -515,4 +523,32 @@ TEST_CASE("ruler: a run that fails before any result leaves --out as it found it
     REQUIRE(test::run_command(base + " --tasks fwe --lengths 512 --out " + d, &out) == 0);
     CHECK(fs::exists(d + "/pred/snapkv_ratio0.5/fwe_512.jsonl"));
   }
+}
+
+// Issue 49: a result's identity is in its fields, never parsed back from a name. The table reads
+// each row's "task" and "length" (ruler_tag_row); the dataset's name plays no part.
+TEST_CASE("ruler_score_table: rows carry their task and length as fields") {
+  nlohmann::json rows = nlohmann::json::array();
+  auto row = [](const std::string& branch, const std::string& dataset, double score) {
+    return nlohmann::json{{"branch", branch}, {"dataset", dataset}, {"score", score}};
+  };
+  rows.push_back(row("exact", "anything", 80.0));
+  ruler_tag_row(rows.back(), "niah_single_1", 4096);
+  rows.push_back(row("exact", "fwe_4096", 40.0));  // a name that looks like one, but no fields: ignored
+  rows.push_back(row("exact", "x", 60.0));
+  ruler_tag_row(rows.back(), "vt", 4096);
+  rows.push_back(row("h2o_ratio0.5", "y", 20.0));
+  ruler_tag_row(rows.back(), "vt", 1024);
+  rows.push_back(row("h2o_ratio0.5", "z", 10.0));
+  ruler_tag_row(rows.back(), "not_a_task", 1024);  // ignored
+  const auto t = ruler_score_table(rows);
+  REQUIRE(t.size() == 2);
+  CHECK(t[0]["branch"] == "h2o_ratio0.5");  // lengths ascending
+  CHECK(t[0]["length"] == 1024);
+  CHECK(t[0]["average"].get<double>() == doctest::Approx(20.0));
+  CHECK(t[1]["branch"] == "exact");
+  CHECK(t[1]["length"] == 4096);
+  CHECK(!t[1].contains("fwe"));
+  CHECK(t[1]["niah_single_1"].get<double>() == doctest::Approx(80.0));
+  CHECK(t[1]["average"].get<double>() == doctest::Approx(70.0));
 }

@@ -612,20 +612,24 @@ nlohmann::json ruler_score(const std::string& output, const nlohmann::json& gold
 
 std::string ruler_dataset(const std::string& task, int64_t length) { return fmt::format("{}_{}", task, length); }
 
+void ruler_tag_row(nlohmann::json& row, const std::string& task, int64_t length) {
+  row["task"] = task;
+  row["length"] = length;
+}
+
 nlohmann::json ruler_score_table(const nlohmann::json& rows) {
   // (length, branch) -> task -> score, in first-seen branch order.
   std::vector<int64_t> lengths;
   std::vector<std::string> branches;
   std::map<std::pair<int64_t, std::string>, std::map<std::string, double>> cell;
   for (const auto& r : rows) {
-    const std::string d = r.value("dataset", std::string());
-    const size_t us = d.rfind('_');
-    if (us == std::string::npos) continue;
-    const std::string task = d.substr(0, us), len = d.substr(us + 1);
+    if (!r.contains("task") || !r["task"].is_string() || !r.contains("length") || !r["length"].is_number_integer())
+      continue;
+    const std::string task = r["task"].get<std::string>();
     const bool known = std::any_of(ruler_tasks().begin(), ruler_tasks().end(),
                                    [&](const RulerTask& t) { return t.name == task; });
-    if (!known || len.empty() || len.find_first_not_of("0123456789") != std::string::npos) continue;
-    const int64_t L = std::stoll(len);
+    if (!known) continue;
+    const int64_t L = r["length"].get<int64_t>();
     const std::string b = r.at("branch").get<std::string>();
     if (std::find(lengths.begin(), lengths.end(), L) == lengths.end()) lengths.push_back(L);
     if (std::find(branches.begin(), branches.end(), b) == branches.end()) branches.push_back(b);

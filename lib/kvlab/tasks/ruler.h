@@ -112,9 +112,11 @@ nlohmann::json ruler_score(const std::string& output, const nlohmann::json& gold
 // The prediction file's name of a task at a length: "<task>_<length>" (e.g. "niah_single_1_4096").
 std::string ruler_dataset(const std::string& task, int64_t length);
 
-// The leaderboard's layout from the task runner's summary rows (one per branch and dataset): per
-// length, one row per branch {"branch", "length", <task>: score x 100, ..., "average"} with the tasks
-// in synthetic.yaml's order and the average over the tasks run. Rows of other datasets are ignored.
+// The leaderboard's layout from the task runner's summary rows (one per branch and dataset, each
+// carrying its "task" and "length" as fields: ruler_tag_row): per length, one row per branch
+// {"branch", "length", <task>: score x 100, ..., "average"} with the tasks in synthetic.yaml's order
+// and the average over the tasks run. Rows without a RULER task are ignored; no name is parsed.
+void ruler_tag_row(nlohmann::json& row, const std::string& task, int64_t length);
 nlohmann::json ruler_score_table(const nlohmann::json& rows);
 // The table's columns for render_table: branch, length, the tasks present, average.
 std::vector<std::string> ruler_table_columns(const nlohmann::json& table);
