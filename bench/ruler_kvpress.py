@@ -95,9 +95,9 @@ def main():
     args = ap.parse_args()
 
     data_files = sorted(glob.glob(os.path.join(args.run, "data", "*.jsonl")))
-    if args.lengths:
-        keep = set(args.lengths.split(","))
-        data_files = [p for p in data_files if os.path.basename(p)[: -len(".jsonl")].rsplit("_", 1)[1] in keep]
+    if args.lengths:  # each sample says its length (max_seq_length); no file name is parsed
+        keep = {int(x) for x in args.lengths.split(",")}
+        data_files = [p for p in data_files if read_lines(p) and read_lines(p)[0]["max_seq_length"] in keep]
     if not data_files:
         sys.exit(f"{args.run}/data: no <task>_<length>.jsonl (run kvlab ruler first)")
     out = args.out or os.path.join(args.run, "kvpress")
@@ -129,7 +129,9 @@ def main():
                     samples = samples[: args.limit]
                 pred_path = os.path.join(out, "pred", branch, dataset + ".jsonl")
                 done = {p["id"] for p in read_lines(pred_path)}
-                family = next(k for k in TOKENS if dataset.startswith(k))
+                if not samples:
+                    continue
+                family = next(k for k in TOKENS if samples[0]["task"].startswith(k))  # the sample's task
                 with open(pred_path, "a", encoding="utf-8") as fo:
                     for s in samples:
                         sid = str(s["index"])
