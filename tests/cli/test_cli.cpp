@@ -315,6 +315,10 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
                         dir + "/rep_crit");
   CHECK(crit.code != 0);
   CHECK(crit.out.find("--method criticalkv:knorm: needs the layer's output projection W_o") != std::string::npos);
+  // The advice names only commands that run it (issue 50: it named ppl, which refuses a method that
+  // does not stream).
+  CHECK(crit.out.find("run it in generate or a task command") != std::string::npos);
+  CHECK(crit.out.find("ppl") == std::string::npos);
   auto zip = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method kvzip --ratio 0.5 --out " + dir +
                        "/rep_zip");
   CHECK(zip.code != 0);

@@ -146,10 +146,11 @@ std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, c
       out.push_back(std::move(m));
       continue;
     }
+    // Only where it runs (issue 50: this advice named ppl, which refuses a method that does not stream).
     KVLAB_CHECK(spec == "all", "--method {}: needs {}, and `kvlab {}` runs without the model (captures hold no "
-                "weights); run it in generate, ppl or a task command", m.name,
+                "weights); run it in {}", m.name,
                 info.reads(inputs::out_proj) ? "the layer's output projection W_o" : "a second prefill through the model",
-                command);
+                command, info.streaming ? "generate, ppl or a task command" : "generate or a task command");
   }
   return out;
 }
