@@ -189,6 +189,7 @@ void run_calibrate_chelsea(const CalibrateChelseaOptions& o, const nlohmann::jso
   }
   nlohmann::json j = {{"kind", "chelsea_outlier_scores"},
                       {"model", model.id},
+                      {"model_key", model_key(run.model)},
                       {"text", o.text},
                       {"n_layers", c.n_layers},
                       {"n_kv_heads", c.n_kv_heads},
@@ -256,6 +257,7 @@ void run_calibrate_duo(const CalibrateDuoOptions& o, const nlohmann::json& effec
   }
   nlohmann::json j = {{"kind", "duo_head_scores"},
                       {"model", run.model.id},
+                      {"model_key", model_key(run.model)},
                       {"text", o.text},
                       {"n_layers", c.n_layers},
                       {"n_kv_heads", c.n_kv_heads},

@@ -100,6 +100,7 @@ struct GenerateCmdOptions {
 void run_branches(const GenerateCmdOptions& o, const Model& model, const std::vector<int64_t>& prompt_ids,
                   const Tokenizer* tok, const std::string& template_name, const ModelSource& src,
                   const std::vector<MethodSpec>& methods, const std::vector<Budget>& budgets) {
+  check_calibrated_on(methods, model_key(model), model.id);
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   const int64_t n_obs = check_observation_queries(compressors, o.obs_queries);  // -1 = every prompt query

@@ -1219,6 +1219,32 @@ TEST_CASE("cli: the crashes, silent accepts and bad inputs of issue 50 are one s
     short_error(run_kvlab("niah --model " + tiny + " --needle ''"), "--needle must not be empty");
     short_error(run_kvlab("niah --model " + tiny + " --question ''"), "--question must not be empty");
   }
+  SUBCASE("a DuoAttention heads file calibrated on another model (was used)") {
+    const std::string stories = test::shared_dir() + "/models/stories260K";
+    const std::string text = test::shared_dir() + "/data/wikitext2/wiki.test.raw";
+    if (!fs::exists(stories + "/model.safetensors") || !fs::exists(text)) {
+      MESSAGE("skipped: stories260K or WikiText-2 not found");
+      return;
+    }
+    const std::string heads = dir + "/duo_stories.json";
+    auto cal = run_kvlab("calibrate duo --model " + stories + " --text " + text +
+                         " --samples 2 --tokens 64 --q-len 8 --out " + heads);
+    REQUIRE_MESSAGE(cal.code == 0, cal.out);
+    CHECK(read_json_file(heads).contains("model_key"));
+    // The same shape, another model (here a copy under another name: another id).
+    const std::string other = dir + "/other260K";
+    fs::create_directories(other);
+    for (const auto& e : fs::directory_iterator(stories)) fs::copy_file(e.path(), other + "/" + e.path().filename().string());
+    const std::string duo = " --prompt-ids 1,5,6,7,8,9,10,11,12,13 --max-new-tokens 2 --method duo_attention --budget 4 "
+                            "--param duo_attention.heads=" + heads;
+    auto mine = run_kvlab("generate --model " + stories + duo);
+    CHECK_MESSAGE(mine.code == 0, mine.out);
+    auto theirs = run_kvlab("generate --model " + other + duo);  // after generate's line on the model
+    CHECK(theirs.code == 1);
+    const std::string last = theirs.out.substr(theirs.out.rfind("error: "));
+    CHECK(last.find("was calibrated on another model (stories260K, not other260K)") != std::string::npos);
+    CHECK(last.size() <= 301);
+  }
   SUBCASE("counts no run can hold or finish, refused before any work (were hangs)") {
     // ruler --data-only --samples 1e9 grew 13 MB/s without a word; calibrate duo --samples 1e9 had an
     // ETA of 139 days; ruler --lengths 2^63-1 against a claimed context of 2^63-1 ran silent.

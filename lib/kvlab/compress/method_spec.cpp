@@ -5,6 +5,7 @@
 #include <map>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
 #include "kvlab/core/text.h"
 
 namespace kvlab {
@@ -153,6 +154,26 @@ std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, c
                 command, info.streaming ? "generate, ppl or a task command" : "generate or a task command");
   }
   return out;
+}
+
+void check_calibrated_on(const std::vector<MethodSpec>& methods, const std::string& model_key,
+                         const std::string& model_id) {
+  for (const auto& m : methods)
+    for (auto it = m.params.begin(); it != m.params.end(); ++it) {
+      if (!it->is_string()) continue;
+      const std::string path = it->get<std::string>();
+      std::error_code ec;
+      if (path.size() < 5 || path.substr(path.size() - 5) != ".json" || !std::filesystem::is_regular_file(path, ec))
+        continue;
+      const nlohmann::json j = read_json_file(path);
+      const std::string kind = j.is_object() ? j.value("kind", std::string()) : std::string();
+      if (kind != "duo_head_scores" && kind != "chelsea_outlier_scores") continue;
+      if (!j.contains("model_key") || !j["model_key"].is_string()) continue;
+      auto short_name = [](const std::string& id) { return std::filesystem::path(id).filename().string(); };
+      KVLAB_CHECK(j["model_key"].get<std::string>() == model_key, "--method {}: parameter '{}' ({}) was calibrated on "
+                  "another model ({}, not {}); calibrate it on this one", m.name, it.key(), path,
+                  short_name(j.value("model", std::string("?"))), short_name(model_id));
+    }
 }
 
 }  // namespace kvlab

@@ -61,4 +61,12 @@ void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string
 std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, const std::string& spec,
                                               const std::string& command);
 
+// A method parameter naming a kvlab calibration file (`kvlab calibrate chelsea | duo`: "kind"
+// chelsea_outlier_scores or duo_head_scores) made on another model than the one run, whose identity
+// is `model_key` (model/model.h), is an error naming the parameter, the file and both models (issue
+// 50: a DuoAttention heads file of another model of the same shape was used). A file written before
+// calibrations recorded their model ("model_key" absent) is taken as it is.
+void check_calibrated_on(const std::vector<MethodSpec>& methods, const std::string& model_key,
+                         const std::string& model_id);
+
 }  // namespace kvlab

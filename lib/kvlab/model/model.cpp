@@ -2,6 +2,7 @@
 #include "kvlab/model/model.h"
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/sha256.h"
 #include "kvlab/model/few_rows.h"
 
 #include <c10/core/InferenceMode.h>
@@ -191,6 +192,24 @@ int64_t n_parameters(const Model& model) {
                                 &l.attn_post_norm, &l.ffn_post_norm})
       if (t->defined()) n += t->numel();
   return n;
+}
+
+// The model a prediction was made with: its resolved id, its config and its parameter count. A
+// separate field from input_key, so that predictions made before it existed keep their keys.
+// The config's fields are a frozen list: a field added to ModelConfig::to_json later must not
+// change every key and send resumed runs (hours of shards) back to the start.
+std::string model_key(const Model& model) {
+  static const char* const kFields[] = {
+      "architecture", "hidden_size", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "intermediate_size",
+      "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+      "tie_word_embeddings", "qkv_bias", "o_bias", "sliding_window", "bos_token_id", "eos_token_ids",
+      "window_from_layer", "qk_norm"};
+  const nlohmann::json all = model.config.to_json();
+  nlohmann::json cfg = nlohmann::json::object();
+  for (const char* f : kFields)
+    if (all.contains(f)) cfg[f] = all[f];
+  const nlohmann::json j = {{"id", model.id}, {"config", cfg}, {"parameters", n_parameters(model)}};
+  return sha256_hex(j.dump()).substr(0, 16);
 }
 
 }  // namespace kvlab

@@ -164,4 +164,9 @@ std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64
 // Number of parameters (for logs).
 int64_t n_parameters(const Model& model);
 
+// The model's identity as 16 hex digits: its resolved id, its config (a frozen list of fields) and
+// its parameter count. Predictions (tasks/task_runner.h) and calibration files (kvlab calibrate)
+// record it, so that what was made with one model is not taken for another's.
+std::string model_key(const Model& model);
+
 }  // namespace kvlab

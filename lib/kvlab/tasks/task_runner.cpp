@@ -78,24 +78,6 @@ std::string prediction_key(const TaskRecord& r, const TaskBranch& b, const TaskO
   return sha256_hex(j.dump()).substr(0, 16);
 }
 
-// The model a prediction was made with: its resolved id, its config and its parameter count. A
-// separate field from input_key, so that predictions made before it existed keep their keys.
-// The config's fields are a frozen list: a field added to ModelConfig::to_json later must not
-// change every key and send resumed runs (hours of shards) back to the start.
-std::string model_key(const Model& model) {
-  static const char* const kFields[] = {
-      "architecture", "hidden_size", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "intermediate_size",
-      "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
-      "tie_word_embeddings", "qkv_bias", "o_bias", "sliding_window", "bos_token_id", "eos_token_ids",
-      "window_from_layer", "qk_norm"};
-  const nlohmann::json all = model.config.to_json();
-  nlohmann::json cfg = nlohmann::json::object();
-  for (const char* f : kFields)
-    if (all.contains(f)) cfg[f] = all[f];
-  const nlohmann::json j = {{"id", model.id}, {"config", cfg}, {"parameters", n_parameters(model)}};
-  return sha256_hex(j.dump()).substr(0, 16);
-}
-
 bool is_cjk(char32_t c) {
   return (c >= 0x3040 && c <= 0x30FF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x4E00 && c <= 0x9FFF) ||
          (c >= 0xAC00 && c <= 0xD7AF) || (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x20000 && c <= 0x2A6DF);
@@ -220,6 +202,11 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   // A line made from other inputs or settings (a dataset edited in place, another --max-new-tokens
   // with --overwrite, ...) is redone, never reused; lines written before keys existed are kept.
   const std::string model_k = model_key(model);
+  {  // before any prediction file changes: a calibration of another model is refused
+    std::vector<MethodSpec> methods;
+    for (const auto& b : branches) methods.push_back(b.method);
+    check_calibrated_on(methods, model_k, model.id);
+  }
   for (size_t i = 0; i < branches.size(); ++i) {
     int64_t redone = 0, unkeyed = 0;
     for (const auto& r : records) {
