@@ -19,6 +19,7 @@ ALLOWED = {
     "attention": {"core"},
     "tokenizer": {"core"},
     "eval": {"core"},
+    "quant": {"core"},
     "model": {"core", "io", "attention", "tokenizer"},
     "compress": {"core", "attention"},
     "replay": {"core", "io", "attention", "compress"},
