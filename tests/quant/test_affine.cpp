@@ -1,0 +1,104 @@
+// optimum-quanto's affine group quantization (quant/affine.h) against transformers' QuantizedCache
+// with the quanto backend: tests/fixtures/quant_golden/transformers_quanto.json
+// (data_scripts/make_quant_golden.py; optimum-quanto 0.2.7, transformers 5.2.0). After the 64-token
+// prefill the cache holds the prefill quantized as it came: kvlab's codes, scales and shifts of the
+// same keys and values equal quanto's bit for bit, at 2 and 4 bits, with the default axes (groups of
+// 64 consecutive elements: per token) and KIVI's (keys per channel over 32 tokens); the dequantized
+// sums match. Beside it, a naive check of the bound: |x - x_hat| <= scale / 2 in every group.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kvlab/core/check.h"
+#include "kvlab/core/config.h"
+#include "kvlab/quant/affine.h"
+#include "test_util.h"
+
+using namespace kvlab;
+
+namespace {
+
+std::string fixture(const std::string& name) { return test::fixtures_dir() + "/quant_golden/" + name; }
+
+std::vector<uint8_t> base64(const std::string& s) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  std::vector<uint8_t> out;
+  int bits = 0, acc = 0;
+  for (char c : s) {
+    const int v = value(c);
+    if (v < 0) continue;
+    acc = ((acc << 6) | v) & 0xFFFFFF, bits += 6;
+    if (bits >= 8) bits -= 8, out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
+  }
+  return out;
+}
+
+// Code i of `bits` bits: byte (i * bits) / 8, from bit (i * bits) % 8, lowest bits first.
+std::vector<int> unpack(const std::vector<uint8_t>& bytes, int bits, int64_t n) {
+  std::vector<int> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[static_cast<size_t>(i)] = (bytes[static_cast<size_t>(i * bits / 8)] >> ((i * bits) % 8)) & ((1 << bits) - 1);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("affine (quanto): a prefill's codes, scales and shifts equal transformers' QuantizedCache") {
+  const auto g = read_json_file(fixture("transformers_quanto.json"));
+  const auto in = read_json_file(fixture("inputs.json"));
+  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
+  auto layer = [&](const std::string& key) {
+    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
+    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
+  };
+  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  int compared = 0;
+  for (const auto& c : g["cases"]) {
+    const auto& state = c["states"][0];  // after the prefill: the prefill quantized as it came
+    REQUIRE(state["after_token"] == c["n_prefill"]);
+    for (const char* which : {"keys", "values"}) {
+      const auto& t = state[which];
+      INFO(c["name"].get<std::string>() << " " << which);
+      const int bits = t["bits"].get<int>();
+      const int64_t n = state["n_quantized"].get<int64_t>();
+      const at::Tensor x = (std::string(which) == "keys" ? keys : values).narrow(1, 0, n).contiguous();
+      const int axis = c[std::string(which) == "keys" ? "axis_key" : "axis_value"].get<int>();
+      const AffineQuantized q =
+          affine_quantize(x, bits, c["q_group_size"].get<int64_t>(), axis == 0 ? AffineGroups::flat : AffineGroups::channel);
+      CHECK(t["group_index"] == (axis == 0 ? "flat_div_g" : "quanto_axis_last"));
+      const std::vector<int> theirs = unpack(base64(t["codes"]), bits, x.numel());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) differ += q.codes.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];
+      CHECK(differ == 0);
+      const std::vector<uint8_t> sb = base64(t["scale_f32"]), hb = base64(t["shift_f32"]);
+      REQUIRE(static_cast<int64_t>(sb.size()) == 4 * q.scale.numel());
+      CHECK(std::memcmp(sb.data(), q.scale.data_ptr<float>(), sb.size()) == 0);
+      CHECK(std::memcmp(hb.data(), q.shift.data_ptr<float>(), hb.size()) == 0);
+      const at::Tensor back = affine_dequantize(q);
+      CHECK(back.to(at::kDouble).sum().item<double>() == doctest::Approx(t["dequant_sum"].get<double>()).epsilon(1e-12));
+      // The bound of round-to-nearest: within half a step of the input, in every group.
+      const at::Tensor step = q.scale.max();
+      CHECK((back - x).abs().max().item<float>() <= step.item<float>() / 2 * (1 + 1e-5));
+      ++compared;
+    }
+  }
+  CHECK(compared == 8);  // 4 cases x keys, values
+}
+
+TEST_CASE("affine: a group of zero range dequantizes to its value; bad shapes are errors") {
+  const at::Tensor x = at::full({2, 4, 8}, 1.5f);
+  const AffineQuantized q = affine_quantize(x, 2, 8, AffineGroups::flat);
+  CHECK(at::equal(affine_dequantize(q), x));
+  CHECK(q.codes.max().item<int>() == 0);
+  CHECK_THROWS_WITH_AS(affine_quantize(x, 3, 8, AffineGroups::flat), doctest::Contains("bits must be 2, 4 or 8"), Error);
+  CHECK_THROWS_WITH_AS(affine_quantize(x, 2, 5, AffineGroups::flat), doctest::Contains("not whole groups of 5"), Error);
+  CHECK_THROWS_WITH_AS(affine_quantize(x, 2, 3, AffineGroups::channel), doctest::Contains("8 rows of 8 channels"), Error);
+}
