@@ -15,6 +15,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 #include "kvlab/quant/affine.h"
+#include "kvlab/quant/residual_cache.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -101,4 +102,56 @@ TEST_CASE("affine: a group of zero range dequantizes to its value; bad shapes ar
   CHECK_THROWS_WITH_AS(affine_quantize(x, 3, 8, AffineGroups::flat), doctest::Contains("bits must be 2, 4 or 8"), Error);
   CHECK_THROWS_WITH_AS(affine_quantize(x, 2, 5, AffineGroups::flat), doctest::Contains("not whole groups of 5"), Error);
   CHECK_THROWS_WITH_AS(affine_quantize(x, 2, 3, AffineGroups::channel), doctest::Contains("8 rows of 8 channels"), Error);
+}
+
+// transformers' residual window (quant/residual_cache.h): a 64-token prefill, then 136 tokens one
+// at a time. Every update returns the tokens still in the residual exactly as given; the 128th decode
+// step (after token 192) flushes the prefill's dequantized part, the residual and the new token into
+// one quantization, whose codes, scales and shifts equal the golden's state after the flush.
+TEST_CASE("affine (quanto): the residual window's hand-off equals transformers' QuantizedCache") {
+  const auto g = read_json_file(fixture("transformers_quanto.json"));
+  const auto in = read_json_file(fixture("inputs.json"));
+  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
+  auto layer = [&](const std::string& key) {
+    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
+    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
+  };
+  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  int compared = 0;
+  for (const auto& c : g["cases"]) {
+    const int64_t n_prefill = c["n_prefill"].get<int64_t>(), n_total = c["n_total"].get<int64_t>();
+    const int bits = c["nbits"].get<int>();
+    const int64_t group = c["q_group_size"].get<int64_t>(), residual = c["residual_length"].get<int64_t>();
+    for (const char* which : {"keys", "values"}) {
+      INFO(c["name"].get<std::string>() << " " << which);
+      const bool is_keys = std::string(which) == "keys";
+      const at::Tensor x = is_keys ? keys : values;
+      const int axis = c[is_keys ? "axis_key" : "axis_value"].get<int>();
+      ResidualQuantized cache(bits, group, axis == 0 ? AffineGroups::flat : AffineGroups::channel, residual);
+      cache.update(x.narrow(1, 0, n_prefill));
+      for (int64_t t = n_prefill; t < n_total; ++t) {
+        const at::Tensor seen = cache.update(x.narrow(1, t, 1));
+        REQUIRE(seen.size(1) == t + 1);
+        const int64_t r = cache.residual_tokens();
+        CHECK(at::equal(seen.narrow(1, t + 1 - r, r), x.narrow(1, t + 1 - r, r)));  // the residual: exact
+        for (const auto& state : c["states"]) {
+          if (state["after_token"].get<int64_t>() != t + 1) continue;
+          const auto& ts = state[which];
+          REQUIRE(cache.quantized()->codes.size(1) == state["n_quantized"].get<int64_t>());
+          const std::vector<int> theirs = unpack(base64(ts["codes"]), bits, cache.quantized()->codes.numel());
+          int64_t differ = 0;
+          for (int64_t i = 0; i < cache.quantized()->codes.numel(); ++i)
+            differ += cache.quantized()->codes.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];
+          CHECK(differ == 0);
+          const std::vector<uint8_t> sb = base64(ts["scale_f32"]), hb = base64(ts["shift_f32"]);
+          REQUIRE(static_cast<int64_t>(sb.size()) == 4 * cache.quantized()->scale.numel());
+          CHECK(std::memcmp(sb.data(), cache.quantized()->scale.data_ptr<float>(), sb.size()) == 0);
+          CHECK(std::memcmp(hb.data(), cache.quantized()->shift.data_ptr<float>(), hb.size()) == 0);
+          ++compared;
+        }
+      }
+      CHECK(cache.residual_tokens() == n_total - 192);  // flushed after token 192; 8 wait since
+    }
+  }
+  CHECK(compared == 8);  // 4 cases x keys, values at the flush (the prefill state is checked above)
 }
