@@ -54,7 +54,8 @@ MethodSpec duo_method(const Model& model) {
       continue;
     }
     std::vector<double> r;
-    for (int64_t h = 0; h < model.config.n_kv_heads; ++h) r.push_back(double((l * 7 + h * 3) % 11) + 0.01 * double(h));
+    for (int64_t h = 0; h < model.config.n_kv_heads; ++h)
+      r.push_back((double((l * 7 + h * 3) % 11) + 0.01 * double(h)) / 11.0);  // scores lie in [0, 1]
     rows.push_back(r);
   }
   std::ofstream(path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", rows}}.dump();
