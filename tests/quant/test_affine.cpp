@@ -75,7 +75,12 @@ TEST_CASE("affine (quanto): a prefill's codes, scales and shifts equal transform
       const AffineQuantized q =
           affine_quantize(x, bits, c["q_group_size"].get<int64_t>(), axis == 0 ? AffineGroups::flat : AffineGroups::channel);
       CHECK(t["group_index"] == (axis == 0 ? "flat_div_g" : "quanto_axis_last"));
-      const std::vector<int> theirs = unpack(base64(t["codes"]), bits, x.numel());
+      const std::vector<uint8_t> packed = base64(t["codes"]);
+      // Bytes: the golden's packed codes (LSB first, the last byte partly filled) and a float32 scale
+      // and shift per group; in float16, 2 bytes each: b/8 + 2p/g an element.
+      CHECK(affine_bytes(q) == static_cast<int64_t>(packed.size()) + 8 * t["n_groups"].get<int64_t>());
+      CHECK(affine_bytes(q, 2) * 8 == x.numel() * bits + x.numel() * 2 * 16 / c["q_group_size"].get<int64_t>());
+      const std::vector<int> theirs = unpack(packed, bits, x.numel());
       int64_t differ = 0;
       for (int64_t i = 0; i < x.numel(); ++i) differ += q.codes.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];
       CHECK(differ == 0);

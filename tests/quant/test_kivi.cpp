@@ -77,6 +77,10 @@ TEST_CASE("kivi: keys per channel and values per token equal the transcription o
       const auto pshape = t["params_shape"].get<std::vector<int64_t>>();
       CHECK(at::equal(q.scale, params(t, "scale", half, pshape)));
       CHECK(at::equal(q.mn, params(t, "mn", half, pshape)));
+      // Bytes: packed codes plus a scale and a minimum per group in the dtype (KIVI's b/8 + 4/G in
+      // float16: 3 bits an element at 2 bits and G = 32).
+      CHECK(kivi_bytes(q) == static_cast<int64_t>(packed.size()) + 2 * (half ? 2 : 4) * q.scale.numel());
+      if (half) CHECK(kivi_bytes(q) * 8 == q.codes.numel() * (bits + 32 / G));
       CHECK(kivi_dequantize(q).to(at::kDouble).sum().item<double>() ==
             doctest::Approx(t["dequant_sum"].get<double>()).epsilon(1e-12));
       ++compared;

@@ -97,4 +97,10 @@ at::Tensor affine_dequantize(const AffineQuantized& q) {
   return out;
 }
 
+int64_t affine_bytes(const AffineQuantized& q, int64_t param_bytes) {
+  KVLAB_CHECK(param_bytes == 2 || param_bytes == 4, "affine_bytes: parameters of 2 or 4 bytes, got {}", param_bytes);
+  const int64_t code_bits = q.codes.numel() * q.bits;
+  return (code_bits + 7) / 8 + 2 * param_bytes * q.scale.numel();
+}
+
 }  // namespace kvlab

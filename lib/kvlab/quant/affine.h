@@ -34,4 +34,9 @@ AffineQuantized affine_quantize(const at::Tensor& x, int bits, int64_t group, Af
 // float32, the codes' shape.
 at::Tensor affine_dequantize(const AffineQuantized& q);
 
+// The bytes the quantized tensor holds: its codes packed `bits` to a code (the last byte partly
+// filled), and per group a scale and a shift of `param_bytes` each (4 for float32, 2 for the float16
+// a half-precision cache stores; docs/quantization.md §2: b/8 + 2p/g bytes an element).
+int64_t affine_bytes(const AffineQuantized& q, int64_t param_bytes = 4);
+
 }  // namespace kvlab

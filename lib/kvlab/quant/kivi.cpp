@@ -86,6 +86,10 @@ at::Tensor kivi_dequantize(const KiviBlock& q) {
   return out;
 }
 
+int64_t kivi_bytes(const KiviBlock& q) {
+  return (q.codes.numel() * q.bits + 7) / 8 + 2 * (q.half ? 2 : 4) * q.scale.numel();
+}
+
 int64_t kivi_quantized_tokens(int64_t T, int64_t residual, bool keys) {
   KVLAB_CHECK(T >= 0 && residual >= 1, "kivi: T must be >= 0 and the residual length >= 1");
   return keys ? T - T % residual : T - std::min(T, residual);

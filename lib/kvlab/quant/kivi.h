@@ -32,6 +32,10 @@ struct KiviBlock {
 KiviBlock kivi_quantize(const at::Tensor& x, bool keys, int bits, int64_t group, bool half);
 at::Tensor kivi_dequantize(const KiviBlock& q);  // [H, n, D] float32
 
+// The bytes a quantized block holds: its codes packed `bits` to a code and a scale and a minimum per
+// group in the model's dtype (2 bytes for float16, 4 for float32): b/8 + 2p/G bytes an element.
+int64_t kivi_bytes(const KiviBlock& q);
+
 // How many of T tokens are quantized under KIVI's windows (above), for keys or values.
 int64_t kivi_quantized_tokens(int64_t T, int64_t residual, bool keys);
 
