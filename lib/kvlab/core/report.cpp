@@ -109,6 +109,15 @@ void write_json_atomic(const std::string& path, const nlohmann::json& j) {
 
 namespace {
 
+// The pid a lock file holds (what its writer wrote, trailing space dropped), or "".
+std::string lock_holder(int fd) {
+  std::string holder;
+  std::array<char, 64> buf;
+  for (ssize_t n; (n = ::pread(fd, buf.data(), buf.size(), off_t(holder.size()))) > 0;) holder.append(buf.data(), size_t(n));
+  while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+  return holder;
+}
+
 // Whether a run folder holds no result yet: nothing but config.json, the lock, a result.json
 // without rows, the samples under data/ (made again from the config) and empty files.
 bool holds_no_results(const std::string& dir) {
@@ -137,10 +146,7 @@ std::shared_ptr<int> lock_run_dir(const std::string& dir) {
   const std::string path = dir + "/.kvlab.lock";
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   KVLAB_CHECK(fd >= 0, "--out {}: cannot open its lock file {}: {}", dir, path, std::strerror(errno));
-  std::string holder;
-  std::array<char, 64> buf;
-  for (ssize_t n; (n = ::pread(fd, buf.data(), buf.size(), off_t(holder.size()))) > 0;) holder.append(buf.data(), size_t(n));
-  while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+  const std::string holder = lock_holder(fd);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
@@ -169,9 +175,7 @@ std::string run_dir_writer(const std::string& dir) {
   if (fd < 0) return "";  // no lock file: no kvlab run ever wrote there
   std::string holder;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
-    std::array<char, 64> buf;
-    for (ssize_t n; (n = ::pread(fd, buf.data(), buf.size(), off_t(holder.size()))) > 0;) holder.append(buf.data(), size_t(n));
-    while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+    holder = lock_holder(fd);
     if (holder.empty()) holder = "unknown";
   }
   ::close(fd);  // drops the shared lock if it was taken
