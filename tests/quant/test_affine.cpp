@@ -16,51 +16,14 @@
 #include "kvlab/core/config.h"
 #include "kvlab/quant/affine.h"
 #include "kvlab/quant/residual_cache.h"
-#include "test_util.h"
+#include "golden.h"
 
 using namespace kvlab;
 
-namespace {
-
-std::string fixture(const std::string& name) { return test::fixtures_dir() + "/quant_golden/" + name; }
-
-std::vector<uint8_t> base64(const std::string& s) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  std::vector<uint8_t> out;
-  int bits = 0, acc = 0;
-  for (char c : s) {
-    const int v = value(c);
-    if (v < 0) continue;
-    acc = ((acc << 6) | v) & 0xFFFFFF, bits += 6;
-    if (bits >= 8) bits -= 8, out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
-  }
-  return out;
-}
-
-// Code i of `bits` bits: byte (i * bits) / 8, from bit (i * bits) % 8, lowest bits first.
-std::vector<int> unpack(const std::vector<uint8_t>& bytes, int bits, int64_t n) {
-  std::vector<int> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    out[static_cast<size_t>(i)] = (bytes[static_cast<size_t>(i * bits / 8)] >> ((i * bits) % 8)) & ((1 << bits) - 1);
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("affine (quanto): a prefill's codes, scales and shifts equal transformers' QuantizedCache") {
-  const auto g = read_json_file(fixture("transformers_quanto.json"));
-  const auto in = read_json_file(fixture("inputs.json"));
-  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
-  auto layer = [&](const std::string& key) {
-    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
-    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
-  };
-  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  const auto g = read_json_file(test::quant_fixture("transformers_quanto.json"));
+  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");
   int compared = 0;
   for (const auto& c : g["cases"]) {
     const auto& state = c["states"][0];  // after the prefill: the prefill quantized as it came
@@ -75,16 +38,16 @@ TEST_CASE("affine (quanto): a prefill's codes, scales and shifts equal transform
       const AffineQuantized q =
           affine_quantize(x, bits, c["q_group_size"].get<int64_t>(), axis == 0 ? AffineGroups::flat : AffineGroups::channel);
       CHECK(t["group_index"] == (axis == 0 ? "flat_div_g" : "quanto_axis_last"));
-      const std::vector<uint8_t> packed = base64(t["codes"]);
+      const std::vector<uint8_t> packed = test::base64(t["codes"]);
       // Bytes: the golden's packed codes (LSB first, the last byte partly filled) and a float32 scale
       // and shift per group; in float16, 2 bytes each: b/8 + 2p/g an element.
       CHECK(affine_bytes(q) == static_cast<int64_t>(packed.size()) + 8 * t["n_groups"].get<int64_t>());
       CHECK(affine_bytes(q, 2) * 8 == x.numel() * bits + x.numel() * 2 * 16 / c["q_group_size"].get<int64_t>());
-      const std::vector<int> theirs = unpack(packed, bits, x.numel());
+      const std::vector<int> theirs = test::unpack_codes(packed, bits, x.numel());
       int64_t differ = 0;
       for (int64_t i = 0; i < x.numel(); ++i) differ += q.codes.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];
       CHECK(differ == 0);
-      const std::vector<uint8_t> sb = base64(t["scale_f32"]), hb = base64(t["shift_f32"]);
+      const std::vector<uint8_t> sb = test::base64(t["scale_f32"]), hb = test::base64(t["shift_f32"]);
       REQUIRE(static_cast<int64_t>(sb.size()) == 4 * q.scale.numel());
       CHECK(std::memcmp(sb.data(), q.scale.data_ptr<float>(), sb.size()) == 0);
       CHECK(std::memcmp(hb.data(), q.shift.data_ptr<float>(), hb.size()) == 0);
@@ -114,14 +77,8 @@ TEST_CASE("affine: a group of zero range dequantizes to its value; bad shapes ar
 // step (after token 192) flushes the prefill's dequantized part, the residual and the new token into
 // one quantization, whose codes, scales and shifts equal the golden's state after the flush.
 TEST_CASE("affine (quanto): the residual window's hand-off equals transformers' QuantizedCache") {
-  const auto g = read_json_file(fixture("transformers_quanto.json"));
-  const auto in = read_json_file(fixture("inputs.json"));
-  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
-  auto layer = [&](const std::string& key) {
-    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
-    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
-  };
-  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  const auto g = read_json_file(test::quant_fixture("transformers_quanto.json"));
+  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");
   int compared = 0;
   for (const auto& c : g["cases"]) {
     const int64_t n_prefill = c["n_prefill"].get<int64_t>(), n_total = c["n_total"].get<int64_t>();
@@ -143,12 +100,12 @@ TEST_CASE("affine (quanto): the residual window's hand-off equals transformers' 
           if (state["after_token"].get<int64_t>() != t + 1) continue;
           const auto& ts = state[which];
           REQUIRE(cache.quantized()->codes.size(1) == state["n_quantized"].get<int64_t>());
-          const std::vector<int> theirs = unpack(base64(ts["codes"]), bits, cache.quantized()->codes.numel());
+          const std::vector<int> theirs = test::unpack_codes(test::base64(ts["codes"]), bits, cache.quantized()->codes.numel());
           int64_t differ = 0;
           for (int64_t i = 0; i < cache.quantized()->codes.numel(); ++i)
             differ += cache.quantized()->codes.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];
           CHECK(differ == 0);
-          const std::vector<uint8_t> sb = base64(ts["scale_f32"]), hb = base64(ts["shift_f32"]);
+          const std::vector<uint8_t> sb = test::base64(ts["scale_f32"]), hb = test::base64(ts["shift_f32"]);
           REQUIRE(static_cast<int64_t>(sb.size()) == 4 * cache.quantized()->scale.numel());
           CHECK(std::memcmp(sb.data(), cache.quantized()->scale.data_ptr<float>(), sb.size()) == 0);
           CHECK(std::memcmp(hb.data(), cache.quantized()->shift.data_ptr<float>(), hb.size()) == 0);

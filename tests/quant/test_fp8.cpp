@@ -12,42 +12,14 @@
 
 #include "kvlab/core/config.h"
 #include "kvlab/quant/fp8.h"
-#include "test_util.h"
+#include "golden.h"
 
 using namespace kvlab;
 
-namespace {
-
-std::string fixture(const std::string& name) { return test::fixtures_dir() + "/quant_golden/" + name; }
-
-std::vector<uint8_t> base64(const std::string& s) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  std::vector<uint8_t> out;
-  int bits = 0, acc = 0;
-  for (char c : s) {
-    const int v = value(c);
-    if (v < 0) continue;  // '=' padding
-    acc = (acc << 6) | v, bits += 6;
-    if (bits >= 8) bits -= 8, out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
-  }
-  return out;
-}
-
-at::Tensor floats(const std::string& b64, std::vector<int64_t> shape) {
-  std::vector<uint8_t> bytes = base64(b64);
-  return at::from_blob(bytes.data(), shape, at::kFloat).clone();
-}
-
-}  // namespace
 
 TEST_CASE("fp8 e4m3: the 256 codes decode, and edge values encode, as torch's float8_e4m3fn") {
-  const auto g = read_json_file(fixture("fp8_e4m3fn.json"));
-  const at::Tensor table = floats(g["decode_table_f32"], {256});
+  const auto g = read_json_file(test::quant_fixture("fp8_e4m3fn.json"));
+  const at::Tensor table = test::golden_floats(g["decode_table_f32"], {256});
   for (int c = 0; c < 256; ++c) {
     INFO("code " << c);
     const float mine = fp8_e4m3_decode(static_cast<uint8_t>(c));
@@ -56,8 +28,8 @@ TEST_CASE("fp8 e4m3: the 256 codes decode, and edge values encode, as torch's fl
   }
   const auto& e = g["edge_values"];
   const int64_t n = e["n"].get<int64_t>();
-  const at::Tensor x = floats(e["x_f32"], {n});
-  const std::vector<uint8_t> codes = base64(e["codes"]);
+  const at::Tensor x = test::golden_floats(e["x_f32"], {n});
+  const std::vector<uint8_t> codes = test::base64(e["codes"]);
   REQUIRE(static_cast<int64_t>(codes.size()) == n);
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -76,23 +48,17 @@ TEST_CASE("fp8 e4m3: the 256 codes decode, and edge values encode, as torch's fl
 }
 
 TEST_CASE("fp8 e4m3: a KV-cache layer's codes at three scale rules equal torch's") {
-  const auto g = read_json_file(fixture("fp8_e4m3fn.json"));
-  const auto in = read_json_file(fixture("inputs.json"));
-  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
-  auto layer = [&](const std::string& key) {
-    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
-    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
-  };
-  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  const auto g = read_json_file(test::quant_fixture("fp8_e4m3fn.json"));
+  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");
   int cases = 0;
   for (const auto& c : g["cases"]) {
     INFO(c["name"].get<std::string>());
     const auto s = c["shape"].get<std::vector<int64_t>>();
     const at::Tensor x = (c["tensor"] == "keys" ? keys : values).narrow(1, 0, s[1]).contiguous();  // [H, 64, D]
-    at::Tensor scale = floats(c["scale_f32"], c["scale_shape"].get<std::vector<int64_t>>());
+    at::Tensor scale = test::golden_floats(c["scale_f32"], c["scale_shape"].get<std::vector<int64_t>>());
     if (scale.dim() == 2) scale = scale.unsqueeze(-1);  // per (head, token)
     const at::Tensor mine = fp8_e4m3_encode(x / scale);  // float32 division, as torch
-    const std::vector<uint8_t> theirs = base64(c["codes"]);
+    const std::vector<uint8_t> theirs = test::base64(c["codes"]);
     REQUIRE(static_cast<int64_t>(theirs.size()) == mine.numel());
     int64_t differ = 0;
     for (int64_t i = 0; i < mine.numel(); ++i) differ += mine.data_ptr<uint8_t>()[i] != theirs[static_cast<size_t>(i)];

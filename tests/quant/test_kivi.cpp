@@ -12,50 +12,23 @@
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
 #include "kvlab/quant/kivi.h"
-#include "test_util.h"
+#include "golden.h"
 
 using namespace kvlab;
 
 namespace {
 
-std::string fixture(const std::string& name) { return test::fixtures_dir() + "/quant_golden/" + name; }
-
-std::vector<uint8_t> base64(const std::string& s) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  std::vector<uint8_t> out;
-  int bits = 0, acc = 0;
-  for (char c : s) {
-    const int v = value(c);
-    if (v < 0) continue;
-    acc = ((acc << 6) | v) & 0xFFFFFF, bits += 6;
-    if (bits >= 8) bits -= 8, out.push_back(static_cast<uint8_t>((acc >> bits) & 0xFF));
-  }
-  return out;
-}
-
 // float32 values of a base64 float32 (f32) or float16-bits (f16) array.
-at::Tensor params(const nlohmann::json& t, const std::string& name, bool half, std::vector<int64_t> shape) {
-  std::vector<uint8_t> b = base64(t[name + (half ? "_f16" : "_f32")].get<std::string>());
-  if (half) return at::from_blob(b.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
-  return at::from_blob(b.data(), shape, at::kFloat).clone();
+at::Tensor params(const nlohmann::json& t, const std::string& name, bool half, const std::vector<int64_t>& shape) {
+  return test::golden_floats(t[name + (half ? "_f16" : "_f32")].get<std::string>(), shape, half);
 }
 
 }  // namespace
 
 TEST_CASE("kivi: keys per channel and values per token equal the transcription of the official code") {
-  const auto g = read_json_file(fixture("kivi.json"));
-  const auto in = read_json_file(fixture("inputs.json"));
-  const auto shape = in["shape"].get<std::vector<int64_t>>();  // [H, T, D]
-  auto layer = [&](const std::string& key) {
-    std::vector<uint8_t> bytes = base64(in[key].get<std::string>());
-    return at::from_blob(bytes.data(), shape, at::kShort).clone().view(at::kHalf).to(at::kFloat);
-  };
-  const at::Tensor keys = layer("keys_f16"), values = layer("values_f16");
+  const auto g = read_json_file(test::quant_fixture("kivi.json"));
+  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");
+  const std::vector<int64_t> shape = keys.sizes().vec();  // [H, T, D]
   int compared = 0;
   for (const auto& c : g["cases"]) {
     const bool half = c["dtype"] == "float16";
@@ -67,7 +40,7 @@ TEST_CASE("kivi: keys per channel and values per token equal the transcription o
       const int64_t n = kivi_quantized_tokens(T, R, is_keys);
       REQUIRE(t["shape"].get<std::vector<int64_t>>() == std::vector<int64_t>{shape[0], n, shape[2]});
       const KiviBlock q = kivi_quantize((is_keys ? keys : values).narrow(1, 0, n).contiguous(), is_keys, bits, G, half);
-      const std::vector<uint8_t> packed = base64(t["codes"]);
+      const std::vector<uint8_t> packed = test::base64(t["codes"]);
       int64_t differ = 0;
       for (int64_t i = 0; i < q.codes.numel(); ++i) {
         const int theirs = (packed[static_cast<size_t>(i * bits / 8)] >> ((i * bits) % 8)) & ((1 << bits) - 1);
