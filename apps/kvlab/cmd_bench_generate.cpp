@@ -139,6 +139,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
+  check_quantized_methods(methods, true, "a prefill-only method (bench generate streams every streaming method)");
   auto budgets = budget_settings(o.ratio, {}, {});
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;
@@ -190,9 +191,9 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
         BranchResult r = run_branch(model, pre, spec, bo);
         steps.erase(steps.begin());  // compression + argmax of the prefill's logits
         const double tpot = median(steps);
-        if (m.name == "exact") exact_tpot = tpot, exact_bytes = double(r.kv_bytes_peak);
+        if (m.full_cache()) exact_tpot = tpot, exact_bytes = double(r.kv_bytes_peak);
         nlohmann::json row = {{"context", c},
-                              {"method", m.name},
+                              {"method", m.label()},
                               {"setting", m.name == "exact" ? "full" : b.label()},
                               {"ttft_s", pre.seconds + r.reconstruction_seconds + r.compress_ms / 1000.0},
                               {"prefill_s", pre.seconds},
@@ -208,11 +209,11 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
                               {"rss_mib", current_rss_kib() / 1024.0},
                               {"params", m.compressor->params()}};
         fmt::print(stderr, "[bench generate] context {} {} {}: TPOT {:.1f} ms ({:.2f} of exact), KV {:.1f} MiB "
-                   "({:.3f} of exact), compress {:.0f} ms\n", c, m.name, row["setting"].get<std::string>(),
+                   "({:.3f} of exact), compress {:.0f} ms\n", c, m.label(), row["setting"].get<std::string>(),
                    tpot * 1000, row["tpot_vs_exact"].get<double>(), r.kv_bytes_peak / 1048576.0,
                    row["kv_vs_exact"].get<double>(), r.compress_ms);
         rows.push_back(row);
-        if (m.name == "exact") break;  // one full-cache row per context
+        if (m.name == "exact") break;  // one row per context for a cache without eviction
       }
     for (int64_t nb : o.branches) batch_rows.push_back(batch_vs_sequential(model, pre, methods, budgets[0], nb, o.new_tokens, c));
   }

@@ -48,6 +48,7 @@ struct GenerateCmdOptions {
   std::vector<double> ratio;
   std::vector<int64_t> budget;
   std::vector<int64_t> T;
+  std::vector<double> bytes;
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
   int64_t keep_first = 0;
@@ -77,6 +78,7 @@ struct GenerateCmdOptions {
     f.add("ratio", ratio, "fractions of the compressible prompt kept, e.g. 0.1,0.2 (with --method)");
     f.add("budget", budget, "entries kept per KV head (instead of --ratio)");
     f.add("T", T, "halvings for halving methods (instead of --ratio)");
+    f.add("bytes", bytes, "fractions of the full-precision K and V bytes each branch may hold, e.g. 0.25 (equal bytes: a quantized branch keeps as many more entries as its bits allow; instead of --ratio)");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
     f.add("keep_first", keep_first, "first prompt positions kept exact, inside the budget (methods whose preset "
@@ -155,7 +157,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
         shown[i] = text;
       };
       if (!o.json) {
-        fmt::print("=== {} {}\n", specs[i].method.name, settings[i].label());
+        fmt::print("=== {} {}\n", specs[i].method.label(), settings[i].label());
         if (tok) bos[i].on_token = [&](int64_t id) { so_far.push_back(id), show(tok->decode(so_far)); };
       }
       results.push_back(run_branch(model, prefill, specs[i], bos[i]));
@@ -191,7 +193,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
       k["layers"] = r.kept["layers"];
       kept.push_back(std::move(k));
     }
-    nlohmann::json j = {{"method", m.name}, {"preset", m.preset}, {"params", m.compressor->params()},
+    nlohmann::json j = {{"method", m.label()}, {"preset", m.preset}, {"params", m.compressor->params()},
                         {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
                         {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
                         {"entries_peak", r.entries_peak},
@@ -203,6 +205,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                         {"reconstruction_seconds", r.reconstruction_seconds}, {"decode_seconds", r.decode_seconds}};
     const nlohmann::json setting = b.to_json();
     for (auto it = setting.begin(); it != setting.end(); ++it) j[it.key()] = it.value();
+    if (m.quant) j["kv_quant"] = m.quant->describe();
     branches.push_back(j);
   }
   if (!o.kept_out.empty()) {
@@ -233,7 +236,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   if (o.method.empty()) {  // a branch flag alone would be ignored: the exact cache has no budget
     const std::pair<bool, const char*> branch_flags[] = {
         {!o.ratio.empty(), "--ratio"}, {!o.budget.empty(), "--budget"}, {!o.T.empty(), "--T"},
-        {!o.param.empty(), "--param"}, {!o.params.empty(), "--params"}, {o.keep_first != 0, "--keep-first"},
+        {!o.bytes.empty(), "--bytes"}, {!o.param.empty(), "--param"}, {!o.params.empty(), "--params"}, {o.keep_first != 0, "--keep-first"},
         {o.keep_last != 0, "--keep-last"}, {o.prefill_only, "--prefill-only"}, {o.preset != "default", "--preset"}};
     for (const auto& [given, flag] : branch_flags)
       KVLAB_CHECK(!given, "{} applies to compressed-cache branches: give --method too (without it generate "
@@ -243,8 +246,9 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
                 o.keep_first, o.keep_last);
     KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
     KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
-    budgets = budget_settings(o.ratio, o.budget, o.T);
+    budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
     methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
+    check_quantized_methods(methods, !o.prefill_only, "--prefill-only");
     for (const auto& m : methods)
       KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !compressor_info(m.name).streaming,
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "

@@ -40,6 +40,7 @@ struct ReplayOptions : RunFolderOptions {
   std::vector<double> ratio;
   std::vector<int64_t> budget;
   std::vector<int64_t> T;
+  std::vector<double> bytes;
   int64_t keep_first = 0;
   int64_t keep_last = 0;
   std::string eval_queries = "last:256";
@@ -66,6 +67,8 @@ struct ReplayOptions : RunFolderOptions {
     f.add("ratio", ratio, "fractions of the compressible region kept, e.g. 0.1,0.2");
     f.add("budget", budget, "absolute entries kept per KV head for the region (instead of --ratio)");
     f.add("T", T, "halvings for halving methods, e.g. 1,2,3,4 (instead of --ratio)");
+    f.add("bytes", bytes, "fractions of the full-precision K and V bytes of the whole layer (exact parts included) "
+          "each method may hold, e.g. 0.25; a quantized method keeps as many more entries as its bits allow");
     f.add("keep_first", keep_first, "first tokens kept exact (sinks)");
     f.add("keep_last", keep_last, "last tokens kept exact (the evaluation queries' tail is always exact)");
     f.add("eval_queries", eval_queries, "captured queries the metrics judge: last:N (the last N positions) | all");
@@ -96,7 +99,7 @@ struct ReplayOptions : RunFolderOptions {
   void check() const {
     if (list_methods) return;
     KVLAB_CHECK(!capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
-    budget_settings(ratio, budget, T);
+    budget_settings(ratio, budget, T, bytes);
     require_run_keeps(without_model_weights(build_methods(method, param, params, "default", "", /*need_files=*/false),
                                             method, "replay"),
                       "--keep-first / --keep-last");
@@ -128,9 +131,13 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
                              ? fmt::format(" + exact {} first / {} last", p.keep_first, p.keep_last) : "";
       fmt::print("{:<16} {:<9} --preset paper: {}{} ({})\n", "", "", p.params.dump(), keep, p.source);
     }
+    // Quantizers (issue 52): alone (the full cache quantized) or after a method, "snapkv+kivi2".
+    fmt::print("\nquantizers: give one alone (the full cache stored quantized) or after a method with '+', e.g. "
+               "snapkv+kivi2; '.r<R>' / '.g<G>' change the window / group (kivi2.r64)\n");
+    for (const auto& q : quantizer_list()) fmt::print("{:<16} {:<9} {}\n", q.name, "quantizer", q.description);
     return;
   }
-  auto settings = budget_settings(o.ratio, o.budget, o.T);
+  auto settings = budget_settings(o.ratio, o.budget, o.T, o.bytes);
   auto methods = without_model_weights(build_methods(o.method, o.param, o.params), o.method, "replay");
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);

@@ -21,6 +21,7 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("ratio", ratio, "fractions of the prompt kept, e.g. 0.2 (or --budget / --T)");
   f.add("budget", budget, "entries kept per KV head");
   f.add("T", T, "halvings for halving methods");
+  f.add("bytes", bytes, "fractions of the full-precision K and V bytes each branch may hold, e.g. 0.25 (equal bytes: a quantized branch keeps as many more entries as its bits allow; instead of --ratio)");
   f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
   f.add("params", params, "config only: {\"method\": {\"key\": value}}");
   f.add("chat_template", chat_template, "none | auto | a template name");
@@ -55,15 +56,21 @@ std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_file
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   parse_task_protocol(o.protocol, o.decode_rule);  // bad values fail before the model loads
   auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
+  check_quantized_methods(methods, parse_task_protocol(o.protocol, o.decode_rule).decode == TaskProtocol::Decode::stream,
+                          "--decode-rule prefill");
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   check_observation_queries(compressors, o.obs_queries);  // a window above --obs-queries fails before the model loads
   std::vector<Budget> budgets;
-  if (methods.size() > 1) budgets = budget_settings(o.ratio, o.budget, o.T);
+  if (methods.size() > 1) budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
   std::vector<TaskBranch> branches;
   for (const auto& m : methods) {
-    if (m.name == "exact") {
+    if (m.full_cache()) {
       branches.insert(branches.begin(), {"exact", m, Budget::of_ratio(1.0)});
+      continue;
+    }
+    if (m.name == "exact") {  // the full cache quantized ("kivi2"): no budget applies
+      branches.push_back({task_branch_label(m, Budget::of_ratio(1.0)), m, Budget::of_ratio(1.0)});
       continue;
     }
     for (const auto& b : budgets) branches.push_back({task_branch_label(m, b), m, b});

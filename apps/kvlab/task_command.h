@@ -27,6 +27,7 @@ struct TaskCommonOptions : RunFolderOptions {
   std::vector<double> ratio;
   std::vector<int64_t> budget;
   std::vector<int64_t> T;
+  std::vector<double> bytes;
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
   std::string chat_template = "auto";

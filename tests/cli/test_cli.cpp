@@ -13,6 +13,7 @@
 #include <functional>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -302,7 +303,15 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   // One line a method, then its paper preset's line (indented). --method all leaves out the methods
   // that need the model (criticalkv and criticaladakv its weights, kvzip a second prefill), and naming one is an error
   // naming --method; and those that need a calibration file none was given for (duo_attention).
+  // The quantizers (issue 52) follow the methods, after a blank line and "quantizers: ...".
+  size_t n_quantizers = 0;
+  bool quantizers = false;
   for (std::string line; std::getline(lines, line);) {
+    quantizers = quantizers || line.rfind("quantizers:", 0) == 0;
+    if (quantizers) {
+      n_quantizers += line.find(" quantizer ") != std::string::npos;
+      continue;
+    }
     n_listed += !line.empty() && line[0] != ' ';
     n_no_replay += line.find("[not in replay: needs") != std::string::npos;
     n_calibrated += line.find("[needs a calibration file") != std::string::npos;
@@ -311,6 +320,7 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(n_calibrated == 1);
   CHECK(methods.size() == n_listed - n_no_replay - n_calibrated);
   CHECK(n_listed >= 17);
+  CHECK(n_quantizers == 3);  // kivi, int, fp8
   auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +
                         dir + "/rep_crit");
   CHECK(crit.code != 0);
@@ -747,6 +757,42 @@ TEST_CASE("cli: kvzip runs in a task command and in generate, its second prefill
   const auto branches = nlohmann::json::parse(g.out.substr(at, end + 2 - at))["branches"];
   REQUIRE(branches.size() == 2);
   for (const auto& b : branches) CHECK(b["reconstruction_seconds"].get<double>() > 0);
+}
+
+TEST_CASE("cli: quantized branches by name in a task command and replay (issue 52)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_quant");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --max-new-tokens 4 --quiet --ratio 0.5 ";
+  auto r = run_kvlab(niah + "--method snapkv,snapkv+kivi2.r16.g8,kivi2.r16.g8 --out " + dir + "/niah");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  std::map<std::string, nlohmann::json> line;  // branch folder -> its prediction
+  for (const std::string b : {"exact", "snapkv_ratio0.5", "snapkv+kivi2.r16.g8_ratio0.5", "kivi2.r16.g8"}) {
+    std::ifstream in(dir + "/niah/pred/" + b + "/niah.jsonl");
+    std::string text;
+    REQUIRE_MESSAGE(std::getline(in, text), b);
+    line[b] = nlohmann::json::parse(text);
+  }
+  // Same entries, fewer bytes; the full cache quantized keeps every entry.
+  CHECK(line["snapkv+kivi2.r16.g8_ratio0.5"]["entries_start"] == line["snapkv_ratio0.5"]["entries_start"]);
+  CHECK(line["snapkv+kivi2.r16.g8_ratio0.5"]["bytes_peak"].get<double>() < line["snapkv_ratio0.5"]["bytes_peak"].get<double>());
+  CHECK(line["kivi2.r16.g8"]["entries_start"] == line["exact"]["entries_start"]);
+  CHECK(line["kivi2.r16.g8"]["bytes_peak"].get<double>() < 0.6 * line["exact"]["bytes_peak"].get<double>());
+  const auto rows = nlohmann::json::parse(test::read_file(dir + "/niah/result.json"))["rows"];
+  std::set<std::string> quantized;
+  for (const auto& row : rows)
+    if (row.contains("kv_quant")) quantized.insert(row["method"].get<std::string>() + "|" + row["kv_quant"].get<std::string>());
+  CHECK(quantized == std::set<std::string>{"snapkv+kivi2.r16.g8|kivi2.r16.g8", "kivi2.r16.g8|kivi2.r16.g8"});
+
+  // A streaming method is not stored quantized yet: refused before the model loads, naming the fix.
+  auto s = run_kvlab(niah + "--method h2o+int4 --decode-rule stream --out " + dir + "/stream");
+  CHECK(s.code != 0);
+  CHECK(s.out.find("--method h2o+int4") != std::string::npos);
+  CHECK(s.out.find("--decode-rule prefill") != std::string::npos);
+  auto bad = run_kvlab(niah + "--method snapkv+kivi3 --out " + dir + "/bad");
+  CHECK(bad.code != 0);
+  CHECK(bad.out.find("'kivi3': KIVI quantizes to 2 or 4 bits") != std::string::npos);
 }
 
 TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)") {

@@ -44,9 +44,14 @@ void append_decoded(CompressedLayer& l, const at::Tensor& k_new, const at::Tenso
 }  // namespace
 
 int64_t CompressedLayer::bytes() const {
+  // K and V as stored (quantized entries as their quantizer counts them), bias and positions.
+  auto held = [](const KVSet& s, const QuantizedPart& q) {
+    return quantized_kv_bytes(s.keys, s.values, q) + nbytes(s.bias) + nbytes(s.pos);
+  };
   int64_t ragged_bytes = 0;
-  for (const auto& s : heads) ragged_bytes += set_bytes(s);
-  return set_bytes(num) + set_bytes(den) + ragged_bytes + (stream ? set_bytes(stream->held()) : 0) +
+  for (size_t h = 0; h < heads.size(); ++h)
+    ragged_bytes += held(heads[h], h < head_quantized.size() ? head_quantized[h] : QuantizedPart{});
+  return held(num, quantized) + set_bytes(den) + ragged_bytes + (stream ? set_bytes(stream->held()) : 0) +
          (stream && stream->den() ? set_bytes(*stream->den()) : 0);
 }
 
@@ -201,6 +206,15 @@ CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t w
 CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : layers_(std::move(layers)) {
   for (auto& l : layers_) {
     l.split_heads();  // heads of different counts hold no padding
+    if (l.quant) {
+      KVLAB_CHECK(!l.stream, "{}: a method that compresses while decoding is not quantized yet (issue 52); "
+                  "give --prefill-only", l.quant->name());
+      KVLAB_CHECK(!l.has_den(), "{}: a method with a separate denominator set (subgen, balancekv_mr) is not "
+                  "quantized yet (issue 52)", l.quant->name());
+      settle_quantized(l.num.keys, l.num.values, l.quantized, *l.quant, 0);
+      l.head_quantized.assign(l.heads.size(), QuantizedPart{});
+      for (size_t h = 0; h < l.heads.size(); ++h) settle_quantized(l.heads[h].keys, l.heads[h].values, l.head_quantized[h], *l.quant, 0);
+    }
     peak_.push_back(l.bytes());
     peak_entries_.push_back(l.live_entries());
   }
@@ -255,7 +269,9 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     const auto lopt = k_new.options().dtype(at::kLong);
     ao.logit_scale = l.logit_scale;
     std::vector<at::Tensor> outs;
+    std::vector<int64_t> before(h_kv);
     for (int64_t h = 0; h < h_kv; ++h) {
+      before[h] = l.heads[h].keys.size(1);
       append_exact(l.heads[h], k_new.narrow(0, h, 1), v_new.narrow(0, h, 1), pos0);
       l.head_origin[h] = at::cat({l.head_origin[h], at::arange(pos0, pos0 + k_new.size(1), lopt).unsqueeze(0)}, 1);
       outs.push_back(attention(q.narrow(0, h * g, g), l.heads[h], nullptr, ao));  // [g, T, d]
@@ -263,13 +279,18 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     out = at::cat(outs, 0);  // [Hq, T, d]
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
+    if (l.quant)
+      for (int64_t h = 0; h < h_kv; ++h) settle_quantized(l.heads[h].keys, l.heads[h].values, l.head_quantized[h], *l.quant, before[h]);
   } else {
+    const int64_t before = l.num.keys.size(1);
     append_decoded(l, k_new, v_new, pos0);
     if (l.has_den()) append_exact(l.den, k_new, at::Tensor(), pos0);
     ao.logit_scale = l.logit_scale;
     out = attention(q, l.num, l.has_den() ? &l.den : nullptr, ao);
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
+    // Entries leave full precision after the step that attended them (transformers' and KIVI's order).
+    if (l.quant) settle_quantized(l.num.keys, l.num.values, l.quantized, *l.quant, before);
   }
   return out;
 }

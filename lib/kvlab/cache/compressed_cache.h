@@ -25,6 +25,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/backend.h"
+#include "kvlab/quant/quantized_part.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/stream.h"
 
@@ -61,6 +62,13 @@ struct CompressedLayer {
   // a window's trim resets it): it was recounted with a handful of ATen calls per layer twice a
   // step. < 0 = not counted yet.
   mutable double live_count = -1;
+  // Stored quantized (issue 52; set before CompressedAttention takes the layer): the oldest entries
+  // of `num` (per head: of `heads`) hold the dequantized values of what `quant` stores, the newest
+  // stay full precision as its window says; decoded tokens join full precision and leave it after
+  // the step that attended them. Not for streaming layers or a separate denominator yet.
+  std::shared_ptr<const KvQuantizer> quant;
+  QuantizedPart quantized;                   // of `num`
+  std::vector<QuantizedPart> head_quantized;  // of each of `heads`
 
   bool has_den() const { return den.keys.defined(); }
   bool ragged() const { return !heads.empty(); }

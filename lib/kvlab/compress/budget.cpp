@@ -34,12 +34,22 @@ Budget Budget::of_halvings(int64_t halvings) {
   return b;
 }
 
+Budget Budget::of_bytes(double fraction) {
+  KVLAB_CHECK(fraction > 0 && fraction <= 1, "--bytes must be in (0, 1] (a fraction of the full-precision cache's "
+              "bytes), got {}", fraction);
+  Budget b;
+  b.kind = Kind::bytes;
+  b.bytes = fraction;
+  return b;
+}
+
 int64_t Budget::entries_for(int64_t n) const {
   int64_t e = 0;
   switch (kind) {
     case Kind::ratio: e = std::llround(ratio * static_cast<double>(n)); break;
     case Kind::entries: e = entries; break;
     case Kind::halvings: e = n >> halvings; break;
+    case Kind::bytes: e = static_cast<int64_t>(std::floor(bytes * static_cast<double>(n) * (1 + 1e-12))); break;
     case Kind::unset: KVLAB_FAIL("compress: no budget was given (a ratio, a number of entries or T halvings)");
   }
   return std::min<int64_t>(n, std::max<int64_t>(n > 0 ? 1 : 0, e));
@@ -50,6 +60,7 @@ std::string Budget::label() const {
     case Kind::ratio: return fmt::format("ratio={}", ratio);
     case Kind::entries: return fmt::format("budget={}", entries);
     case Kind::halvings: return fmt::format("T={}", halvings);
+    case Kind::bytes: return fmt::format("bytes={}", bytes);
     case Kind::unset: break;
   }
   return "unset";
@@ -60,6 +71,7 @@ nlohmann::json Budget::to_json() const {
     case Kind::ratio: return {{"ratio", ratio}};
     case Kind::entries: return {{"budget", entries}};
     case Kind::halvings: return {{"T", halvings}};
+    case Kind::bytes: return {{"bytes", bytes}};
     case Kind::unset: break;
   }
   return nlohmann::json::object();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <regex>
 
 #include "kvlab/core/check.h"
 #include "kvlab/core/config.h"
@@ -11,11 +12,12 @@
 namespace kvlab {
 
 std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std::vector<int64_t>& budgets,
-                                    const std::vector<int64_t>& halvings) {
-  int given = int(!ratios.empty()) + int(!budgets.empty()) + int(!halvings.empty());
-  KVLAB_CHECK(given == 1, "give exactly one of --ratio, --budget, --T (got {})", given);
+                                    const std::vector<int64_t>& halvings, const std::vector<double>& bytes) {
+  int given = int(!ratios.empty()) + int(!budgets.empty()) + int(!halvings.empty()) + int(!bytes.empty());
+  KVLAB_CHECK(given == 1, "give exactly one of --ratio, --budget, --T, --bytes (got {})", given);
   std::vector<Budget> out;
   for (double r : ratios) out.push_back(Budget::of_ratio(r));
+  for (double f : bytes) out.push_back(Budget::of_bytes(f));
   for (int64_t b : budgets) out.push_back(Budget::of_entries(b));
   for (int64_t t : halvings) out.push_back(Budget::of_halvings(t));
   return out;
@@ -43,6 +45,13 @@ int64_t keep_value(const nlohmann::json& v, const std::string& method, const std
 
 }  // namespace
 
+void check_quantized_methods(const std::vector<MethodSpec>& methods, bool streams, const std::string& fix) {
+  for (const auto& m : methods)
+    KVLAB_CHECK(!m.quant || !streams || !compressor_info(m.name).streaming,
+                "--method {}: {} compresses while decoding, and a streaming cache is not stored quantized yet "
+                "(issue 52); give {} (it then compresses once after the prefill)", m.label(), m.name, fix);
+}
+
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags) {
   for (const auto& m : methods)
     KVLAB_CHECK(m.keep_first < 0 && m.keep_last < 0,
@@ -51,28 +60,65 @@ void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string
 }
 
 nlohmann::json MethodSpec::describe(int64_t run_keep_first, int64_t run_keep_last) const {
-  return {{"method", name},
-          {"preset", preset},
-          {"params", compressor ? compressor->params() : params},
-          {"keep_first", keep_first_or(run_keep_first)},
-          {"keep_last", keep_last_or(run_keep_last)}};
+  nlohmann::json out = {{"method", name},
+                        {"preset", preset},
+                        {"params", compressor ? compressor->params() : params},
+                        {"keep_first", keep_first_or(run_keep_first)},
+                        {"keep_last", keep_last_or(run_keep_last)}};
+  if (quant) out["kv_quant"] = quant->describe();
+  return out;
 }
+
+std::string MethodSpec::label() const {
+  if (!quant) return name;
+  return name == "exact" ? quant->name() : name + "+" + quant->name();
+}
+
+namespace {
+
+// "snapkv+kivi2" -> {"snapkv", kivi2}; "kivi2" -> {"exact", kivi2}; "snapkv" -> {"snapkv", null}.
+std::pair<std::string, std::shared_ptr<const KvQuantizer>> split_quantizer(const std::string& entry) {
+  const auto plus = entry.find('+');
+  if (plus != std::string::npos) {
+    KVLAB_CHECK(plus > 0 && entry.find('+', plus + 1) == std::string::npos,
+                "--method: '{}': expected <method>+<quantizer> (e.g. snapkv+kivi2)", entry);
+    return {entry.substr(0, plus), make_quantizer(entry.substr(plus + 1))};
+  }
+  // A quantizer's scheme and bits ("kivi2", "int4.r64", "fp8"): its errors name what is wrong.
+  static const std::regex scheme(R"(^(kivi|int|fp)\d)");
+  const auto names = compressor_names();
+  if (std::find(names.begin(), names.end(), entry) == names.end() && std::regex_search(entry, scheme))
+    return {"exact", make_quantizer(entry)};
+  return {entry, nullptr};
+}
+
+}  // namespace
 
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset,
                                       const std::string& model, bool need_files) {
   check_preset_name(preset);
-  std::vector<std::string> names = spec == "all" ? compressor_names() : split(spec, ',');
+  const std::vector<std::string> entries = spec == "all" ? compressor_names() : split(spec, ',');
+  // Each entry is a method, a quantizer alone (the full cache quantized) or method+quantizer; `names`
+  // holds the methods, which --param and the config's params scope by.
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<const KvQuantizer>> quants;
+  for (const auto& e : entries) {
+    auto [base, q] = split_quantizer(e);
+    names.push_back(base);
+    quants.push_back(q);
+  }
   KVLAB_CHECK(config_params.is_object(), "'params' in the config must be an object of method -> parameters");
   for (auto it = config_params.begin(); it != config_params.end(); ++it) {
     bool listed = std::find(names.begin(), names.end(), it.key()) != names.end();
     KVLAB_CHECK(listed, "config 'params' names method '{}', which is not in --method ({})", it.key(), spec);
   }
   std::vector<MethodSpec> out;
-  for (const auto& name : names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
     KVLAB_CHECK(!name.empty(), "--method: empty method name in '{}'", spec);
-    KVLAB_CHECK(std::count(names.begin(), names.end(), name) == 1, "--method: '{}' is listed more than once in '{}'",
-                name, spec);
+    KVLAB_CHECK(std::count(entries.begin(), entries.end(), entries[i]) == 1,
+                "--method: '{}' is listed more than once in '{}'", entries[i], spec);
     const MethodPreset pre = method_preset(name, preset);
     nlohmann::json params = pre.params;
     if (pre.keep_first > 0) params["keep_first"] = pre.keep_first;
@@ -133,6 +179,7 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     }
     m.params = method_params;
     m.compressor = make_compressor(name, method_params);
+    m.quant = quants[i];
     out.push_back(std::move(m));
   }
   return out;

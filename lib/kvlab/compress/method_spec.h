@@ -13,6 +13,7 @@
 
 #include "kvlab/compress/budget.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/quant/kv_quantizer.h"
 
 namespace kvlab {
 
@@ -21,6 +22,9 @@ struct MethodSpec {
   std::string preset = "default";
   nlohmann::json params = nlohmann::json::object();  // the preset's, overridden by config then flags
   std::shared_ptr<const Compressor> compressor;      // built from name + params
+  // The quantizer storing what the method keeps (issue 52; "snapkv+kivi2", or "kivi2" alone for the
+  // full cache quantized: name "exact"); null = full precision.
+  std::shared_ptr<const KvQuantizer> quant;
   // Exact positions the harness keeps before / after the method's region; -1 = the run's
   // --keep-first / --keep-last. Set by the preset or the harness-level parameters keep_first /
   // keep_last (e.g. --param balancekv.keep_first=32).
@@ -29,6 +33,10 @@ struct MethodSpec {
 
   int64_t keep_first_or(int64_t run) const { return keep_first >= 0 ? keep_first : run; }
   int64_t keep_last_or(int64_t run) const { return keep_last >= 0 ? keep_last : run; }
+  // What results call it: "snapkv", "snapkv+kivi2", "kivi2" (the full cache quantized).
+  std::string label() const;
+  // The full-precision full cache, every run's reference.
+  bool full_cache() const { return name == "exact" && !quant; }
   // What ran: {"method", "preset", "params" (every effective value), "keep_first", "keep_last"}
   // with the run's keep values filled in.
   nlohmann::json describe(int64_t run_keep_first, int64_t run_keep_last) const;
@@ -36,9 +44,10 @@ struct MethodSpec {
 
 // Exactly one of the lists must be non-empty; each value validated by Budget with the flag's name.
 std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std::vector<int64_t>& budgets,
-                                    const std::vector<int64_t>& halvings);
+                                    const std::vector<int64_t>& halvings, const std::vector<double>& bytes = {});
 
-// `spec`: "a,b" or "all". `flag_params`: "key=value" (every method) or "method.key=value";
+// `spec`: "a,b" or "all"; an entry may be "method+quantizer" or a quantizer alone
+// (quant/kv_quantizer.h). `flag_params`: "key=value" (every method) or "method.key=value";
 // `config_params`: {"method": {"key": value}}. Unknown methods and parameters are errors.
 // `preset` ("default" | "paper") gives each method's starting parameters and exact tokens; `model`
 // (the run's --model) fills "{model}" in a preset's file names. A preset's required file (Chelsea's
@@ -49,6 +58,11 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
 std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector<std::string>& flag_params,
                                       const nlohmann::json& config_params, const std::string& preset = "default",
                                       const std::string& model = "", bool need_files = true);
+
+// A quantized method ("h2o+kivi2") that would compress while decoding (a streaming method, when
+// the run `streams`) is an error naming --method and `fix`, the flag that makes it compress once:
+// streaming caches are not quantized yet.
+void check_quantized_methods(const std::vector<MethodSpec>& methods, bool streams, const std::string& fix);
 
 // For commands whose exact tokens come from their own flags only (replay, ppl, bench): a method
 // with keep_first/keep_last parameters is an error naming `flags`.

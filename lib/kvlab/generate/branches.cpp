@@ -11,6 +11,7 @@
 #include "kvlab/compress/layout.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
+#include "kvlab/quant/quantized_part.h"
 
 namespace kvlab {
 
@@ -129,9 +130,19 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
             return prefill.reconstruction_scores(model, rq, reconstruction_seconds);  // [L, Hkv, n]
           },
           2);
+    if (spec.budget.kind == Budget::Kind::bytes && prefill.k[l].size(1) > 0) {
+      // Equal bytes (issue 52): the most entries of the whole layer whose K and V, stored by the
+      // branch's quantizer (or in full precision), fit the fraction of the full-precision layer.
+      const at::Tensor& k = prefill.k[l];  // [Hkv, n, d]
+      const int64_t n = k.size(1);
+      const int64_t m = entries_for_bytes(spec.method.quant.get(), n, k.size(0), k.size(2),
+                                          int64_t(k.element_size()), spec.budget.bytes);
+      co.budget = Budget::of_ratio(double(m) / double(n));
+    }
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
                                     spec.count_whole, context));
+    layers.back().quant = spec.method.quant;  // stored quantized from here on (window layers stay exact)
   }
   return layers;
 }

@@ -35,6 +35,8 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
     if (c.held_window(l) > 0) {
       layer.window = c.held_window(l);  // gemma3's sliding layers: an exact window for every method
     } else if (b.method.name != "exact") {
+      KVLAB_CHECK(!b.method.quant, "ppl: {}: quantized caches are not in ppl yet (issue 52); use generate or a task "
+                  "command", b.method.label());
       LayerKV empty;
       empty.keys = none, empty.values = none;
       empty.layer = l, empty.n_layers = static_cast<int>(c.n_layers);

@@ -8,6 +8,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/rope.h"
+#include "kvlab/quant/quantized_part.h"
 #include "kvlab/compress/layout.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/text.h"
@@ -17,7 +18,7 @@ namespace kvlab {
 const std::vector<std::string>& replay_metric_names() {
   static const std::vector<std::string> names = {"rel_err", "bound_ratio_F", "bound_ratio_op", "cosine",
                                                  "rel_err_clamped", "mass_recall", "kept_fraction",
-                                                 "compress_ms"};
+                                                 "compress_ms", "kv_bytes", "bytes_fraction"};
   return names;
 }
 
@@ -129,7 +130,7 @@ std::pair<at::Tensor, at::Tensor> rerotate(const ReplayUnit& u, const Compressed
 }  // namespace
 
 ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budget& b, uint64_t seed,
-                           const ReplayProtocol& p) {
+                           const ReplayProtocol& p, const KvQuantizer* quant) {
   const int64_t n = u.k.size(1), n_q = u.q.size(1), n_obs = u.q_obs.defined() ? u.q_obs.size(1) : 0;
   const int64_t tail = std::min(n, std::max<int64_t>(p.keep_last, n_q));
   const int64_t region_begin = std::min(p.keep_first, n - tail);
@@ -144,6 +145,13 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   opt.budget = b;
   opt.seed = seed;
   const int64_t r = region_end - region_begin;
+  if (b.kind == Budget::Kind::bytes && r > 0) {
+    // Equal bytes, counted whole (issue 52): the most entries of the layer (exact parts included)
+    // whose K and V, stored by `quant` or in full precision, fit the fraction; the region gets the
+    // rest (at least one entry).
+    const int64_t m = entries_for_bytes(quant, n, u.k.size(0), u.k.size(2), int64_t(u.k.element_size()), b.bytes);
+    opt.budget = Budget::of_entries(std::max<int64_t>(1, m - (n - r)));
+  }
 
   ReplayOutput out;
   out.region_begin = region_begin;
@@ -160,12 +168,20 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   at::Tensor k = u.k, region_keys = cr.keys;  // [Hkv, n, d], [Hkv, m, d]
   if (p.rerotate) std::tie(k, region_keys) = rerotate(u, cr, region_begin, region_end, c.name());
   KVSet num = assemble(k, u.v, region_begin, region_end, region_keys, cr.values, cr.bias);
+  QuantizedPart quantized;
+  if (quant) {
+    KVLAB_CHECK(!cr.has_separate_den(), "{}: a method with a separate denominator set ({}) is not quantized yet "
+                "(issue 52)", quant->name(), c.name());
+    settle_quantized(num.keys, num.values, quantized, *quant, 0);
+  }
+  out.kv_bytes = quantized_kv_bytes(num.keys, num.values, quantized);
   AttentionOptions ao;
   ao.query_pos = positions(n - n_q, n, u.k);                                // the evaluation queries
   ao.logit_scale = cr.logit_scale;
   if (cr.has_separate_den()) {
     KVSet den = assemble(u.k, u.v, region_begin, region_end, cr.den_keys, at::Tensor(), cr.den_bias);
     out.z = attention(u.q, num, &den, ao);
+    out.kv_bytes += int64_t(cr.den_keys.numel()) * int64_t(cr.den_keys.element_size());  // the region's own keys
   } else {
     out.z = attention(u.q, num, nullptr, ao);
   }
@@ -198,7 +214,7 @@ nlohmann::json replay_kept(const ReplayOutput& out, int64_t n) {
 
 nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
                            const Budget& b, uint64_t seed, const ReplayProtocol& p, nlohmann::json* kept) {
-  auto out = replay_attend(u, *m.compressor, b, seed, p);
+  auto out = replay_attend(u, *m.compressor, b, seed, p, m.quant.get());
   if (kept) *kept = replay_kept(out, u.k.size(1));
   const int64_t n = u.k.size(1), h_kv = u.k.size(0), g = u.q.size(0) / h_kv;
   const int64_t n_obs = u.q_obs.defined() ? u.q_obs.size(1) : 0;
@@ -239,7 +255,7 @@ nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, co
                           {"sample_id", sample_id},
                           {"layer", u.layer},
                           {"head", u.kv_heads[static_cast<size_t>(h)]},
-                          {"method", m.name},
+                          {"method", m.label()},
                           {"params", m.compressor->params()},
                           {"seed", seed},
                           {"n_tokens", n},
@@ -255,7 +271,12 @@ nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, co
                           {"bound_ratio_op", metrics.bound_ratio_op},
                           {"cosine", metrics.cosine},
                           {"rel_err_clamped", metrics.rel_err_clamped},
-                          {"compress_ms", out.compress_ms / double(h_kv)}};
+                          {"compress_ms", out.compress_ms / double(h_kv)},
+                          {"kv_bytes", out.kv_bytes / h_kv},
+                          // of the full-precision layer's K and V: what --bytes budgets
+                          {"bytes_fraction", double(out.kv_bytes) / double(u.k.numel() + u.v.numel()) /
+                                                 double(u.k.element_size())}};
+    if (m.quant) row["kv_quant"] = m.quant->name();
     if (p.rerotate) row["rerotate"] = true;
     const nlohmann::json setting = b.to_json();
     for (auto it = setting.begin(); it != setting.end(); ++it) row[it.key()] = it.value();

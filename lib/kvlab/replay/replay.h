@@ -87,7 +87,8 @@ ReplayUnit make_unit(const at::Tensor& q_all, const at::Tensor& k, const at::Ten
 // Row keys: sample, sample_id, layer, head, method, params, ratio|budget|T, seed, n_tokens, n_q
 // (evaluation queries), n_obs, eval_queries and obs_queries ([begin, end) positions),
 // region_tokens, kept_entries, kept_fraction, rel_err, bound_ratio_F,
-// bound_ratio_op, cosine, rel_err_clamped, mass_recall (selection methods), compress_ms.
+// bound_ratio_op, cosine, rel_err_clamped, mass_recall (selection methods), compress_ms, kv_bytes (K and V
+// stored per KV head); with a quantizer (m.quant) method is its label ("snapkv+kivi2") and kv_quant its name.
 // `kept` (optional): what the layer's cache held, per KV head (--kept-out; replay_kept).
 nlohmann::json replay_rows(const ReplayUnit& u, const std::string& sample_id, const MethodSpec& m,
                            const Budget& b, uint64_t seed, const ReplayProtocol& p, nlohmann::json* kept = nullptr);
@@ -98,9 +99,14 @@ struct ReplayOutput {
   CompressedKV region;
   int64_t region_begin = 0, region_end = 0;
   double compress_ms = 0;
+  int64_t kv_bytes = 0;  // K and V the layer's cache stores (quantized entries as their quantizer counts them)
 };
+// A bytes budget (--bytes) is of the whole layer: see entries_for_bytes (quant/quantized_part.h).
+// `quant` (optional): what the layer keeps is then stored quantized as a cache holds it right after
+// compression (its newest entries, the evaluation queries' own, in full precision as the
+// quantizer's window says) before the evaluation queries attend.
 ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budget& b, uint64_t seed,
-                           const ReplayProtocol& p);
+                           const ReplayProtocol& p, const KvQuantizer* quant = nullptr);
 
 // What a layer of n tokens held after compression, per KV head: [{"positions": [...], "weights":
 // [...]}], the exact sinks and tail (weight 1) around the region's live entries (a merged entry's

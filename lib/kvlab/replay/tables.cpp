@@ -14,15 +14,23 @@ namespace kvlab {
 namespace {
 
 // Marks every aggregate row whose kept_fraction differs by more than 1% (relative) from the
-// median kept_fraction of the rows of its setting (and layer): "mem" = "*", else "".
+// median kept_fraction of the rows of its setting (and layer): "mem" = "*", else "". At a bytes
+// setting ("bytes=f", issue 52) the branches keep different counts by design: a row is marked when
+// it holds more than f of the full-precision bytes (a quantizer alone, which cannot evict).
 void mark_unequal_memory(nlohmann::json& agg, bool per_layer) {
   for (auto& r : agg) r["mem"] = "";  // rows without kept_fraction too
+  auto bytes_setting = [](const nlohmann::json& r) { return r.value("setting", "").rfind("bytes=", 0) == 0; };
   mark_off_median(
       agg, "kept_fraction",
       [per_layer](const nlohmann::json& r) {
         return r.value("setting", "") + (per_layer ? "|" + r.value("layer", nlohmann::json()).dump() : "");
       },
-      [](const nlohmann::json&) { return true; });
+      [&](const nlohmann::json& r) { return !bytes_setting(r); });
+  for (auto& r : agg) {
+    if (!bytes_setting(r) || !r.contains("bytes_fraction") || !r["bytes_fraction"].is_number()) continue;
+    const double f = std::stod(r["setting"].get<std::string>().substr(6));
+    if (r["bytes_fraction"].get<double>() > f * (1 + 1e-9)) r["mem"] = "*";
+  }
 }
 
 // Every aggregate row's compress time against uniform's in the same setting (and layer):
@@ -59,7 +67,7 @@ namespace {
 // The printed table adds each method's compress time per (layer, KV head) and its ratio to
 // uniform's; the CSVs leave timings out so that reruns and merged shards compare equal.
 const std::vector<std::string>& printed_columns() {
-  static const std::vector<std::string> cols = {"method", "setting", "kept_fraction", "mem", "rel_err", "rel_err_std",
+  static const std::vector<std::string> cols = {"method", "setting", "kept_fraction", "bytes_fraction", "mem", "rel_err", "rel_err_std",
                                                 "bound_ratio_F", "cosine", "mass_recall", "n_seeds", "compress_ms",
                                                 "ms_vs_uniform"};
   return cols;
@@ -77,8 +85,9 @@ const std::vector<std::string>& table_columns(bool per_layer) {
 std::string memory_note(const nlohmann::json& agg) {
   for (const auto& r : agg)
     if (r.value("mem", "") == "*")
-      return fmt::format("mem *: kept_fraction differs by more than {:.0f}% from the median of its setting: "
-                         "not at equal memory with the other rows\n", 100 * kEqualMemoryTolerance);
+      return fmt::format("mem *: kept_fraction differs by more than {:.0f}% from the median of its setting "
+                         "(at a bytes=f setting: bytes_fraction is above f): not at equal memory with the other "
+                         "rows\n", 100 * kEqualMemoryTolerance);
   return "";
 }
 

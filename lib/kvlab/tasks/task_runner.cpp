@@ -133,13 +133,14 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
   }
   const double n = std::max<double>(1.0, double(ids.size()));
   nlohmann::json row = {{"branch", branch.label},
-                        {"method", branch.method.name},
+                        {"method", branch.method.label()},
                         {"preset", branch.method.preset},
                         {"setting", branch.method.name == "exact" ? "full" : branch.budget.label()},
                         {"params", branch.method.compressor ? branch.method.compressor->params() : nlohmann::json()},
                         {"dataset", task.dataset},
                         {"n", ids.size()},
                         {"score", 100.0 * score / n}};
+  if (branch.method.quant) row["kv_quant"] = branch.method.quant->name();
   for (size_t k = 0; k < means.size(); ++k) row[task.mean_keys[k]] = 100.0 * means[k] / n;
   row["same_as_exact"] = same / n;
   row["rougeL_vs_exact"] = rouge / n;
@@ -164,10 +165,10 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
 }
 
 std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
-  if (method.name == "exact") return "exact";
+  if (method.name == "exact") return method.label();  // "exact", or the full cache quantized: "kivi2"
   std::string b = budget.label();
   b.erase(std::remove(b.begin(), b.end(), '='), b.end());
-  return method.name + "_" + b;
+  return method.label() + "_" + b;
 }
 
 void mark_unequal_memory(nlohmann::json& rows) {
@@ -181,7 +182,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                         const std::vector<TaskRecord>& records, const std::vector<TaskBranch>& branches,
                         const TaskOptions& opt) {
   c10::InferenceMode guard;
-  KVLAB_CHECK(!branches.empty() && branches.front().method.name == "exact",
+  KVLAB_CHECK(!branches.empty() && branches.front().method.full_cache(),
               "tasks: the first branch must be exact (the fidelity reference)");
   std::map<std::string, size_t> first_index;
   for (size_t j = 0; j < records.size(); ++j) {
