@@ -168,20 +168,32 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   at::Tensor k = u.k, region_keys = cr.keys;  // [Hkv, n, d], [Hkv, m, d]
   if (p.rerotate) std::tie(k, region_keys) = rerotate(u, cr, region_begin, region_end, c.name());
   KVSet num = assemble(k, u.v, region_begin, region_end, region_keys, cr.values, cr.bias);
+  // Heads holding different counts (adakv) are padded here (bias -inf); a cache holds only the live
+  // entries (generation splits the heads), so bytes count those.
+  auto live = [](const at::Tensor& bias, int64_t m, int64_t h) {
+    return bias.defined() ? at::isfinite(bias).sum().item<int64_t>() : m * h;
+  };
+  const int64_t live_entries = live(num.bias, num.keys.size(1), num.keys.size(0));  // over the KV heads
   QuantizedPart quantized;
   if (quant) {
     KVLAB_CHECK(!cr.has_separate_den(), "{}: a method with a separate denominator set ({}) is not quantized yet "
                 "(issue 52)", quant->name(), c.name());
+    KVLAB_CHECK(live_entries == num.keys.size(0) * num.keys.size(1), "{}: {} keeps different counts per KV head, "
+                "which replay pads; quantizing it is not supported in replay yet (issue 52): use generate", quant->name(),
+                c.name());
     settle_quantized(num.keys, num.values, quantized, *quant, 0);
+    out.kv_bytes = quantized_kv_bytes(num.keys, num.values, quantized);
+  } else {
+    out.kv_bytes = live_entries * num.keys.size(2) * int64_t(num.keys.element_size() + num.values.element_size());
   }
-  out.kv_bytes = quantized_kv_bytes(num.keys, num.values, quantized);
   AttentionOptions ao;
   ao.query_pos = positions(n - n_q, n, u.k);                                // the evaluation queries
   ao.logit_scale = cr.logit_scale;
   if (cr.has_separate_den()) {
     KVSet den = assemble(u.k, u.v, region_begin, region_end, cr.den_keys, at::Tensor(), cr.den_bias);
     out.z = attention(u.q, num, &den, ao);
-    out.kv_bytes += int64_t(cr.den_keys.numel()) * int64_t(cr.den_keys.element_size());  // the region's own keys
+    out.kv_bytes += live(cr.den_bias, cr.den_keys.size(1), cr.den_keys.size(0)) * cr.den_keys.size(2) *
+                    int64_t(cr.den_keys.element_size());  // the region's own keys (no values)
   } else {
     out.z = attention(u.q, num, nullptr, ao);
   }
