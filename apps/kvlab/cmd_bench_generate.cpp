@@ -46,6 +46,7 @@ struct GenerateBenchOptions : RunFolderOptions {
   std::vector<int64_t> context = {2048, 4096, 8192};
   std::string method = "exact,h2o,snapkv,streaming_llm,chelsea";
   std::vector<double> ratio = {0.2};
+  std::vector<double> bytes;  // --bytes: instead of --ratio
   std::vector<int64_t> branches;  // --branches: batched vs sequential decoding at these branch counts
   int64_t new_tokens = 64;
   std::string text = shared_default("data/wikitext2/wiki.test.raw");
@@ -59,6 +60,8 @@ struct GenerateBenchOptions : RunFolderOptions {
     f.add("context", context, "prompt lengths in tokens, e.g. 2048,4096,8192");
     f.add("method", method, "comma-separated methods; exact is added first if missing");
     f.add("ratio", ratio, "fraction of the prompt each method keeps, e.g. 0.2");
+    f.add("bytes", bytes, "instead of --ratio: the fraction of the full-precision K and V bytes each branch may hold, "
+          "e.g. 0.125 (a quantized branch, snapkv+kivi4, keeps as many more entries as its bits allow)");
     f.add("branches", branches, "also measure decode throughput of this many branches batched vs one after another, "
           "e.g. 1,4,10,20");
     f.add("new_tokens", new_tokens, "greedy tokens decoded per method (TPOT = the median step; >= 2)");
@@ -70,6 +73,7 @@ struct GenerateBenchOptions : RunFolderOptions {
     f.add("device", device, "cpu | cuda | cuda:N");
     run_folder_fields(f);
   }
+  std::vector<Budget> settings() const { return bytes.empty() ? budget_settings(ratio, {}, {}) : budget_settings({}, {}, {}, bytes); }
   void check() const {
     KVLAB_CHECK(new_tokens >= 2, "--new-tokens must be >= 2, got {}", new_tokens);
     KVLAB_CHECK(!context.empty(), "--context: give at least one length");
@@ -78,7 +82,7 @@ struct GenerateBenchOptions : RunFolderOptions {
     std::string names = method;
     if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
     require_run_keeps(build_methods(names, param, params, "default", "", /*need_files=*/false), "the bench's own flags");
-    budget_settings(ratio, {}, {});
+    settings();
     parse_compute_dtype(dtype, "--dtype");
     parse_device(device, "--device");
   }
@@ -140,7 +144,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
   check_quantized_methods(methods, true, "a prefill-only method (bench generate streams every streaming method)");
-  auto budgets = budget_settings(o.ratio, {}, {});
+  auto budgets = o.settings();
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
