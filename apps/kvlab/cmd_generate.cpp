@@ -175,12 +175,12 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
     const BranchResult& r = results[i];
     const std::string text = tok ? tok->decode(r.ids) : std::string();
     if (!o.no_batch && !o.json) {
-      fmt::print("=== {} {}\n{}\nids: {}\n", m.name, b.label(), text, fmt::join(r.ids, ","));
+      fmt::print("=== {} {}\n{}\nids: {}\n", m.label(), b.label(), text, fmt::join(r.ids, ","));
       std::fflush(stdout);
     }
     fmt::print(stderr, "[generate] {} {}: KV cache {:.2f} MiB after prefill ({:.3f} of exact), peak {:.2f} MiB, "
                "entries per (layer, KV head) {:.1f} after prefill, peak {:.1f}; {}compress {:.1f} ms, {} tokens in "
-               "{:.2f} s{}\n", m.name, b.label(), r.kv_bytes / 1048576.0,
+               "{:.2f} s{}\n", m.label(), b.label(), r.kv_bytes / 1048576.0,
                double(r.kv_bytes) / double(prefill.exact_kv_bytes()), r.kv_bytes_peak / 1048576.0, r.entries_start,
                r.entries_peak,
                r.reconstruction_seconds > 0

@@ -335,7 +335,7 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   CHECK(n_calibrated == 1);
   CHECK(methods.size() == n_listed - n_no_replay - n_calibrated);
   CHECK(n_listed >= 17);
-  CHECK(n_quantizers == 3);  // kivi, int, fp8
+  CHECK(n_quantizers == 4);  // kivi, int, hqq, fp8
   auto crit = run_kvlab("replay" + kWindows + " --quiet --capture " + cap + " --method criticalkv:knorm --ratio 0.5 --out " +
                         dir + "/rep_crit");
   CHECK(crit.code != 0);

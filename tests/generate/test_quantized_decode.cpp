@@ -23,6 +23,7 @@
 #include "kvlab/model/model.h"
 #include "kvlab/quant/affine.h"
 #include "kvlab/quant/fp8.h"
+#include "kvlab/quant/hqq.h"
 #include "kvlab/quant/kivi.h"
 #include "kvlab/quant/kv_quantizer.h"
 #include "kvlab/quant/quantized_part.h"
@@ -39,29 +40,43 @@ std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
 // KIVI keys in whole blocks of R, values as they leave a window of R; transformers' cache the whole
 // prefill, then every token once its residual, before a step, holds R - 1.
 struct Rule {
-  std::string scheme;  // "kivi" | "int" | "fp8"
+  std::string scheme;  // "kivi" | "int" | "hqq" | "fp8"
   int64_t residual = 0;
   int64_t keys = 0, values = 0;  // quantized so far
+  std::vector<int64_t> flushes;  // int / hqq: `keys` after each flush (the blocks quantized together)
   void step(int64_t t_before, int64_t t_after) {
     if (scheme == "kivi") {
       keys = t_after - t_after % residual;
       values = t_after - std::min(t_after, residual);
-    } else if (scheme == "int") {
+    } else if (scheme == "int" || scheme == "hqq") {
       const int64_t waiting = t_before - keys;
-      if (t_before == 0 || (waiting > 0 && waiting + 1 >= residual)) keys = values = t_after;
+      if (t_before == 0 || (waiting > 0 && waiting + 1 >= residual)) keys = values = t_after, flushes.push_back(t_after);
     } else {
       keys = values = t_after;
     }
   }
 };
 
-// What the scheme's primitives give for the first q entries of x [H, T, D], quantized in one call.
+// What the scheme's primitives give for the first q entries of x [H, T, D], quantized in one call
+// (HQQ: each block between two flushes in one call, since its optimiser's stopping rule is over
+// the whole block; `flushes` lists where they end).
 at::Tensor dequantized_prefix(const std::string& scheme, int bits, int64_t group, const at::Tensor& x, int64_t q,
-                              bool keys) {
+                              bool keys, const std::vector<int64_t>& flushes = {}) {
   at::Tensor out = x.clone();
   if (q == 0) return out;
   const at::Tensor part = x.narrow(1, 0, q).contiguous();
   at::Tensor deq;
+  if (scheme == "hqq") {
+    int64_t from = 0;
+    for (int64_t to : flushes) {
+      if (to > q) break;
+      out.narrow(1, from, to - from).copy_(hqq_dequantize(hqq_quantize(x.narrow(1, from, to - from).contiguous(), bits,
+                                                                       group, HqqGroups::rows)));
+      from = to;
+    }
+    REQUIRE(from == q);
+    return out;
+  }
   if (scheme == "kivi") {
     deq = kivi_dequantize(kivi_quantize(part, keys, bits, group, false));
   } else if (scheme == "int") {
@@ -95,8 +110,8 @@ class DequantizeThenAttend : public AttentionBackend {
     K = K.defined() ? at::cat({K, k_new}, 1) : k_new.clone();  // [Hkv, T, d]
     V = V.defined() ? at::cat({V, v_new}, 1) : v_new.clone();
     Rule& r = rules_[layer];
-    const at::Tensor ks = dequantized_prefix(r.scheme, bits_, group_, K, std::min(r.keys, before), true);
-    const at::Tensor vs = dequantized_prefix(r.scheme, bits_, group_, V, std::min(r.values, before), false);
+    const at::Tensor ks = dequantized_prefix(r.scheme, bits_, group_, K, std::min(r.keys, before), true, r.flushes);
+    const at::Tensor vs = dequantized_prefix(r.scheme, bits_, group_, V, std::min(r.values, before), false, r.flushes);
     const int64_t hq = q.size(0), hkv = K.size(0), d = q.size(2), t_new = q.size(1), T = K.size(1);
     at::Tensor out = at::zeros_like(q);
     auto qa = q.to(at::kDouble), ka = ks.to(at::kDouble), va = vs.to(at::kDouble);
@@ -152,7 +167,7 @@ TEST_CASE("each quantizer: round trip within its bound, its bytes, and its windo
   };
   for (const Case& c : {Case{"kivi2", "kivi", 2, 32, 128}, Case{"kivi4.r64", "kivi", 4, 32, 64},
                         Case{"int4", "int", 4, 64, 128}, Case{"int2.g32.r16", "int", 2, 32, 16},
-                        Case{"int8", "int", 8, 64, 128}, Case{"fp8", "fp8", 8, 0, 0}}) {
+                        Case{"int8", "int", 8, 64, 128}, Case{"hqq4.r64", "hqq", 4, 64, 64}, Case{"fp8", "fp8", 8, 0, 0}}) {
     INFO("quantizer=" << c.name);
     auto q = make_quantizer(c.name);
     // A prefill of 150 entries, then 300 decoded one at a time.
@@ -212,13 +227,15 @@ TEST_CASE("each quantizer: round trip within its bound, its bytes, and its windo
           }
           worst = std::max(worst, err / (bound * (1 + 1e-5) + 1e-6));
         }
-    CHECK(worst <= 1.0);
-    CHECK(worst > 0.3);  // the bound is nearly reached: the groups are the ones named
+    if (c.scheme != "hqq") {  // HQQ moves the zero point to lower an lp error: no per-element bound
+      CHECK(worst <= 1.0);
+      CHECK(worst > 0.3);  // the bound is nearly reached: the groups are the ones named
+    }
     // Bytes: codes packed `bits` to a code, a float32 scale and zero point per group (fp8: one scale
     // per head and token), full-precision entries at 4 bytes an element.
     auto kbytes = [&](int64_t qk) -> int64_t {
       if (c.scheme == "kivi") return H * qk * D * c.bits / 8 + H * D * (qk / c.group) * 2 * 4;
-      if (c.scheme == "int") return H * qk * D * c.bits / 8 + H * qk * (D / c.group) * 2 * 4;
+      if (c.scheme == "int" || c.scheme == "hqq") return H * qk * D * c.bits / 8 + H * qk * (D / c.group) * 2 * 4;
       return H * qk * D + H * qk * 4;
     };
     auto vbytes = [&](int64_t qv) -> int64_t {
@@ -243,6 +260,10 @@ TEST_CASE("decoding through a quantized cache equals a dequantize-then-attend lo
     int bits;
     int64_t group, residual;
   };
+  // Not hqq: its optimiser stops when the mean error over a whole block stops falling, so the
+  // reference's keys (1e-7 from the branch's: its attention sums in double) can change a block's
+  // step count and every zero point in it (measured: 3.5% of the logits' scale). hqq's cache path is
+  // checked against transformers' states in tests/quant/test_kv_quantizer.cpp instead.
   for (const Case& c : {Case{"kivi2.r16.g8", "kivi", 2, 8, 16}, Case{"kivi4.r8.g8", "kivi", 4, 8, 8},
                         Case{"int4.g8.r8", "int", 4, 8, 8}, Case{"int2.g8.r5", "int", 2, 8, 5},
                         Case{"fp8", "fp8", 8, 0, 0}}) {
@@ -327,7 +348,7 @@ TEST_CASE("quantized branches: nothing quantized equals the plain branch exactly
 TEST_CASE("equal bytes: each branch keeps the most entries whose K and V fit the fraction (--bytes)") {
   // The rule by brute force over the scheme's own accounting (stored_bytes is checked against
   // round_trip's count in the first test case through quantized_kv_bytes).
-  for (const std::string name : {"", "kivi2", "kivi4.r64", "int4", "int2.g32.r16", "fp8"}) {
+  for (const std::string name : {"", "kivi2", "kivi4.r64", "int4", "int2.g32.r16", "hqq4", "fp8"}) {
     INFO("quantizer=" << name);
     auto q = name.empty() ? nullptr : make_quantizer(name);
     const int64_t H = 2, D = 64, elt = 4;
@@ -344,7 +365,7 @@ TEST_CASE("equal bytes: each branch keeps the most entries whose K and V fit the
   }
   // stored_bytes equals what round_trip counts.
   at::manual_seed(5);
-  for (const std::string name : {"kivi2", "kivi4", "int4", "int8", "int2.g32", "fp8"}) {
+  for (const std::string name : {"kivi2", "kivi4", "int4", "int8", "int2.g32", "hqq2", "hqq8", "fp8"}) {
     auto q = make_quantizer(name);
     for (bool keys : {true, false}) {
       int64_t counted = 0;

@@ -85,7 +85,7 @@ std::pair<std::string, std::shared_ptr<const KvQuantizer>> split_quantizer(const
     return {entry.substr(0, plus), make_quantizer(entry.substr(plus + 1))};
   }
   // A quantizer's scheme and bits ("kivi2", "int4.r64", "fp8"): its errors name what is wrong.
-  static const std::regex scheme(R"(^(kivi|int|fp)\d)");
+  static const std::regex scheme(R"(^(kivi|int|hqq|fp)\d)");
   const auto names = compressor_names();
   if (std::find(names.begin(), names.end(), entry) == names.end() && std::regex_search(entry, scheme))
     return {"exact", make_quantizer(entry)};

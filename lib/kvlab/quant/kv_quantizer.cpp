@@ -8,6 +8,7 @@
 #include "kvlab/core/check.h"
 #include "kvlab/quant/affine.h"
 #include "kvlab/quant/fp8.h"
+#include "kvlab/quant/hqq.h"
 #include "kvlab/quant/kivi.h"
 
 namespace kvlab {
@@ -51,6 +52,15 @@ class Kivi final : public KvQuantizer {
   Settings s_;
 };
 
+// transformers' QuantizedCache residual rule (§1): the prefill quantized whole; then the residual
+// (tokens after the quantized part) before a step's tokens, once it holds R - 1, makes the step's
+// update quantize everything (cache_utils.py: len(Rb) + 1 >= R; never while it is empty).
+int64_t residual_flush(int64_t quantized, int64_t t_before, int64_t t_after, int64_t residual) {
+  if (t_before == 0) return t_after;
+  const int64_t waiting = t_before - quantized;
+  return waiting > 0 && waiting + 1 >= residual ? t_after : quantized;
+}
+
 // transformers' QuantizedCache with the quanto backend at its default axes (§1, §2).
 class Quanto final : public KvQuantizer {
  public:
@@ -58,17 +68,42 @@ class Quanto final : public KvQuantizer {
   std::string name() const override { return s_.name; }
   nlohmann::json describe() const override { return describe_settings(s_, "quanto"); }
   int64_t quantized_after(int64_t quantized, int64_t t_before, int64_t t_after, bool) const override {
-    if (t_before == 0) return t_after;  // the prefill, quantized whole
-    // The residual (tokens after the quantized part) before this step's tokens: once it holds
-    // R - 1 the step's update quantizes everything (cache_utils.py: len(Rb) + 1 >= R; never
-    // while it is empty).
-    const int64_t waiting = t_before - quantized;
-    return waiting > 0 && waiting + 1 >= s_.residual ? t_after : quantized;
+    return residual_flush(quantized, t_before, t_after, s_.residual);
   }
   at::Tensor round_trip(const at::Tensor& x, bool, int64_t* bytes) const override {
     const AffineQuantized q = affine_quantize(x.contiguous(), s_.bits, s_.group, AffineGroups::flat);
     *bytes += affine_bytes(q, 4);
     return affine_dequantize(q);
+  }
+  int64_t stored_bytes(int64_t n, int64_t H, int64_t D, bool) const override {
+    return (H * n * D * s_.bits + 7) / 8 + (H * n * D / s_.group) * 2 * 4;
+  }
+  void check_head_dim(int64_t D) const override {
+    KVLAB_CHECK(D % s_.group == 0, "{}: groups of {} consecutive elements of one token; the model's head_dim {} "
+                "is not a multiple (give a group that divides it, e.g. '{}.g{}')",
+                s_.name, s_.group, D, s_.name, std::gcd(D, s_.group));
+  }
+
+ private:
+  Settings s_;
+};
+
+// transformers' QuantizedCache with the HQQ backend at axis 1 (groups of G consecutive elements:
+// per token), not its default axis 0, whose groups mix tokens and heads and are re-formed at every
+// flush (§3). Each block leaving the residual is optimised alone (transformers re-quantizes the
+// whole cache at a flush: old values then move by ~1e-6, §1).
+class Hqq final : public KvQuantizer {
+ public:
+  explicit Hqq(Settings s) : s_(std::move(s)) {}
+  std::string name() const override { return s_.name; }
+  nlohmann::json describe() const override { return describe_settings(s_, "hqq_axis1"); }
+  int64_t quantized_after(int64_t quantized, int64_t t_before, int64_t t_after, bool) const override {
+    return residual_flush(quantized, t_before, t_after, s_.residual);
+  }
+  at::Tensor round_trip(const at::Tensor& x, bool, int64_t* bytes) const override {
+    const HqqQuantized q = hqq_quantize(x.contiguous(), s_.bits, s_.group, HqqGroups::rows);
+    *bytes += hqq_bytes(q, 4);
+    return hqq_dequantize(q);
   }
   int64_t stored_bytes(int64_t n, int64_t H, int64_t D, bool) const override {
     return (H * n * D * s_.bits + 7) / 8 + (H * n * D / s_.group) * 2 * 4;
@@ -106,12 +141,12 @@ class Fp8 final : public KvQuantizer {
   Settings s_;
 };
 
-const char* kSchemes = "kivi2, kivi4, int2, int4, int8, fp8 (each optionally .r<R> and .g<G>)";
+const char* kSchemes = "kivi2, kivi4, int2, int4, int8, hqq2, hqq4, hqq8, fp8 (each optionally .r<R> and .g<G>)";
 
 }  // namespace
 
 std::shared_ptr<const KvQuantizer> make_quantizer(const std::string& name, const std::string& flag) {
-  static const std::regex re(R"(^(kivi|int|fp)(\d+)((?:\.[rg]\d+)*)$)");
+  static const std::regex re(R"(^(kivi|int|hqq|fp)(\d+)((?:\.[rg]\d+)*)$)");
   std::smatch m;
   KVLAB_CHECK(std::regex_match(name, m, re), "{}: unknown quantizer '{}'; known: {}", flag, name, kSchemes);
   const std::string scheme = m[1];
@@ -119,7 +154,7 @@ std::shared_ptr<const KvQuantizer> make_quantizer(const std::string& name, const
   s.name = name;
   s.bits = std::stoi(m[2].str());
   if (scheme == "kivi") s.group = 32, s.residual = 128;
-  if (scheme == "int") s.group = 64, s.residual = 128;
+  if (scheme == "int" || scheme == "hqq") s.group = 64, s.residual = 128;
   const std::string tail = m[3];
   static const std::regex opt(R"(\.([rg])(\d+))");
   for (auto it = std::sregex_iterator(tail.begin(), tail.end(), opt); it != std::sregex_iterator(); ++it) {
@@ -141,6 +176,7 @@ std::shared_ptr<const KvQuantizer> make_quantizer(const std::string& name, const
   KVLAB_CHECK(s.bits == 2 || s.bits == 4 || s.bits == 8, "{}: '{}': the integer cache has 2, 4 or 8 bits", flag, name);
   KVLAB_CHECK(s.group >= 1 && s.residual >= 2, "{}: '{}': the group must be >= 1 and the residual >= 2 "
               "(transformers' shortest flush cycle), found G = {}, R = {}", flag, name, s.group, s.residual);
+  if (scheme == "hqq") return std::make_shared<Hqq>(s);
   return std::make_shared<Quanto>(s);
 }
 
@@ -150,6 +186,8 @@ std::vector<QuantizerInfo> quantizer_list() {
                        "newest 128 in full precision"},
       {"int2, int4, int8", "transformers' QuantizedCache (quanto): per token in groups of 64, prefill "
                            "quantized whole, decoded tokens flushed every 128"},
+      {"hqq2, hqq4, hqq8", "transformers' QuantizedCache (HQQ, axis 1): per token in groups of 64, the zero "
+                           "point optimised (half-quadratic), flushed as int*"},
       {"fp8", "FP8 E4M3 with a float32 scale per (head, token)"},
   };
 }
