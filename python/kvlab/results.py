@@ -47,8 +47,11 @@ def kept_of(setting):
 
 def branch_label(r):
     """A record's branch as kvlab's task commands name it (made from its fields, never parsed back):
-    exact, or <method>_<setting without '='> (snapkv_ratio0.2)."""
-    return "exact" if r["method"] == "exact" else f"{r['method']}_{r.get('setting', '').replace('=', '')}"
+    exact, or <method>_<setting without '='> (snapkv_ratio0.2, snapkv+kivi2_bytes0.25); a branch
+    without eviction (setting full: exact, or the full cache quantized, kivi2) is its method alone."""
+    if r["method"] == "exact" or r.get("setting") == "full":
+        return r["method"]
+    return f"{r['method']}_{r.get('setting', '').replace('=', '')}"
 
 
 def dataset_label(r):

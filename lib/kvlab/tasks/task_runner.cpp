@@ -174,7 +174,10 @@ std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
 void mark_unequal_memory(nlohmann::json& rows) {
   mark_off_median(
       rows, "entries_start",
-      [](const nlohmann::json& r) { return r.value("dataset", std::string()) + "|" + r.value("setting", std::string()); },
+      [](const nlohmann::json& r) {
+        return r.value("dataset", std::string()) + "|" + r.value("setting", std::string()) + "|" +
+               r.value("kv_quant", std::string());
+      },
       [](const nlohmann::json& r) { return r.value("method", std::string()) != "exact"; });
 }
 

@@ -93,6 +93,8 @@ struct TaskOptions {
 // the protocol fixes) differs by more than 1% from the median of the rows of its dataset and
 // setting: "mem" = "*" (else ""). Peak and mean are not compared: they also count each branch's own
 // generated tokens, which differ with its output's length. Rows without entries_start are left alone.
+// Branches stored by a quantizer (kv_quant) are compared with those stored by the same one: at a
+// bytes setting (--bytes) a quantized branch keeps more entries by design.
 void mark_unequal_memory(nlohmann::json& rows);
 
 // Runs every record through `branches` (the first must be exact: the fidelity reference) and
