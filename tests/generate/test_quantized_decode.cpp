@@ -400,4 +400,10 @@ TEST_CASE("equal bytes in generation: snapkv and snapkv+kivi2 hold at most the f
     CHECK(kv_only(quant) <= f * exact_kv);
     CHECK(quant.entries_start > plain.entries_start);
   }
+  // Heads holding different counts (adakv): one count per layer cannot meet the fraction under a
+  // window (it went 18% over before this was refused); an error naming --bytes and the method.
+  CHECK_THROWS_WITH_AS(
+      run_branch(model, pre, BranchSpec{method("adakv", "kivi2.r16.g8"), Budget::of_bytes(0.25), 0, 0, 0, true, true}, bo),
+      doctest::Contains("--bytes with --method adakv+kivi2.r16.g8: adakv keeps different counts per KV head"),
+      std::exception);
 }

@@ -143,6 +143,13 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
                                     spec.count_whole, context));
     layers.back().quant = spec.method.quant;  // stored quantized from here on (window layers stay exact)
+    const KVSet& held = layers.back().num;
+    KVLAB_CHECK(!(spec.method.quant && spec.budget.kind == Budget::Kind::bytes && held.bias.defined() &&
+                  !at::isfinite(held.bias).all().item<bool>()),
+                "--bytes with --method {}: {} keeps different counts per KV head, and a quantizer's window makes "
+                "bytes depend on each head's count, so the fraction cannot be met by one count per layer yet "
+                "(issue 52); give --ratio, or a method that keeps one count per head",
+                spec.method.label(), spec.method.name);
   }
   return layers;
 }
