@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <functional>
 
 #include "golden.h"
 #include "kvlab/quant/kv_quantizer.h"
@@ -35,36 +36,47 @@ void check_dequantized(const at::Tensor& held, int64_t n_quantized, const nlohma
   CHECK(std::memcmp(head.data(), q.data_ptr<float>(), head.size()) == 0);
 }
 
+// Drives q over the golden layer as transformers' QuantizedCache was driven for case c (a prefill
+// of n_prefill tokens, then one token a step up to n_total) and calls check(state, keys, values,
+// part) at each of the case's states; returns the quantized part at the end.
+QuantizedPart drive_states(
+    const nlohmann::json& c, const KvQuantizer& q,
+    const std::function<void(const nlohmann::json&, const at::Tensor&, const at::Tensor&, const QuantizedPart&)>& check) {
+  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");  // [H, 200, D]
+  const int64_t n_prefill = c["n_prefill"].get<int64_t>(), n_total = c["n_total"].get<int64_t>();
+  at::Tensor k = keys.narrow(1, 0, n_prefill).clone(), v = values.narrow(1, 0, n_prefill).clone();
+  QuantizedPart part;
+  settle_quantized(k, v, part, q, 0);
+  for (int64_t t = n_prefill;; ++t) {
+    for (const auto& state : c["states"])
+      if (state["after_token"].get<int64_t>() == t) check(state, k, v, part);
+    if (t == n_total) break;
+    k = at::cat({k, keys.narrow(1, t, 1)}, 1);
+    v = at::cat({v, values.narrow(1, t, 1)}, 1);
+    settle_quantized(k, v, part, q, t);
+  }
+  return part;
+}
+
 }  // namespace
 
 TEST_CASE("int2/int4 driven as a cache equal transformers' QuantizedCache (quanto, default axes)") {
   const auto g = read_json_file(test::quant_fixture("transformers_quanto.json"));
-  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");  // [H, 200, D]
   int compared = 0;
   for (const auto& c : g["cases"]) {
     if (c["axis_key"].get<int>() != 0 || c["axis_value"].get<int>() != 0) continue;  // KIVI's axes: not int*
     INFO(c["name"].get<std::string>());
     const auto q = make_quantizer(fmt::format("int{}.g{}.r{}", c["nbits"].get<int>(), c["q_group_size"].get<int64_t>(),
                                               c["residual_length"].get<int64_t>()));
-    const int64_t n_prefill = c["n_prefill"].get<int64_t>(), n_total = c["n_total"].get<int64_t>();
-    at::Tensor k = keys.narrow(1, 0, n_prefill).clone(), v = values.narrow(1, 0, n_prefill).clone();
-    QuantizedPart part;
-    settle_quantized(k, v, part, *q, 0);
-    for (int64_t t = n_prefill;; ++t) {
-      for (const auto& state : c["states"]) {
-        if (state["after_token"].get<int64_t>() != t) continue;
-        CHECK(part.keys == state["n_quantized"].get<int64_t>());
-        CHECK(part.values == state["n_quantized"].get<int64_t>());
-        check_dequantized(k, part.keys, state["keys"]);
-        check_dequantized(v, part.values, state["values"]);
-        ++compared;
-      }
-      if (t == n_total) break;
-      k = at::cat({k, keys.narrow(1, t, 1)}, 1);
-      v = at::cat({v, values.narrow(1, t, 1)}, 1);
-      settle_quantized(k, v, part, *q, t);
-    }
-    CHECK(part.keys == 192);  // flushed after token 192; 8 wait since
+    const QuantizedPart end = drive_states(c, *q, [&](const nlohmann::json& state, const at::Tensor& k,
+                                                     const at::Tensor& v, const QuantizedPart& part) {
+      CHECK(part.keys == state["n_quantized"].get<int64_t>());
+      CHECK(part.values == state["n_quantized"].get<int64_t>());
+      check_dequantized(k, part.keys, state["keys"]);
+      check_dequantized(v, part.values, state["values"]);
+      ++compared;
+    });
+    CHECK(end.keys == 192);  // flushed after token 192; 8 wait since
   }
   CHECK(compared == 4);  // 2 bit widths x (the prefill, the flush)
 }
@@ -108,42 +120,30 @@ TEST_CASE("hqq2/4/8 driven as a cache: transformers' QuantizedCache (hqq backend
   // residual alone. Per-group zero updates are independent, so the two agree where the optimiser
   // runs the same number of steps (docs/quantization.md §1, §3).
   const auto g = read_json_file(test::quant_fixture("transformers_hqq.json"));
-  const at::Tensor keys = test::golden_layer("keys"), values = test::golden_layer("values");
   int compared = 0;
   for (const auto& c : g["cases"]) {
     if (c["axis_key"].get<int>() != 1 || c["axis_value"].get<int>() != 1) continue;  // axis 0: not hqq*
-    const std::string name = c["name"].get<std::string>();
-    INFO(name);
-    const int bits = c["nbits"].get<int>();
-    const auto q = make_quantizer(fmt::format("hqq{}.g{}.r{}", bits, c["q_group_size"].get<int64_t>(),
+    INFO(c["name"].get<std::string>());
+    const auto q = make_quantizer(fmt::format("hqq{}.g{}.r{}", c["nbits"].get<int>(), c["q_group_size"].get<int64_t>(),
                                               c["residual_length"].get<int64_t>()));
-    const int64_t n_prefill = c["n_prefill"].get<int64_t>(), n_total = c["n_total"].get<int64_t>();
-    at::Tensor k = keys.narrow(1, 0, n_prefill).clone(), v = values.narrow(1, 0, n_prefill).clone();
-    QuantizedPart part;
-    settle_quantized(k, v, part, *q, 0);
-    for (int64_t t = n_prefill;; ++t) {
-      for (const auto& state : c["states"]) {
-        if (state["after_token"].get<int64_t>() != t) continue;
-        CHECK(part.keys == state["n_quantized"].get<int64_t>());
-        for (const bool is_keys : {true, false}) {
-          const auto& ts = state[is_keys ? "keys" : "values"];
-          const at::Tensor held = (is_keys ? k : v).narrow(1, 0, part.keys);
-          const double sum = held.to(at::kDouble).sum().item<double>();
-          const std::string which = std::string(is_keys ? "keys" : "values") + " after token " + std::to_string(t);
-          INFO(which);
-          // Elements agree to ~1e-5 (test_hqq.cpp): their sum over 8k to 25k elements to 1e-4.
-          CHECK(sum == doctest::Approx(ts["dequant_sum"].get<double>()).epsilon(1e-4));
-          const std::vector<uint8_t> head = test::base64(ts["dequant_head_f32"]);
-          const at::Tensor theirs = at::from_blob(const_cast<uint8_t*>(head.data()), {64}, at::kFloat).clone();
-          CHECK((held.reshape({-1}).narrow(0, 0, 64) - theirs).abs().max().item<double>() <= 4e-4);
-        }
-        ++compared;
+    drive_states(c, *q, [&](const nlohmann::json& state, const at::Tensor& k, const at::Tensor& v,
+                            const QuantizedPart& part) {
+      CHECK(part.keys == state["n_quantized"].get<int64_t>());
+      for (const bool is_keys : {true, false}) {
+        const auto& ts = state[is_keys ? "keys" : "values"];
+        const at::Tensor held = (is_keys ? k : v).narrow(1, 0, part.keys);
+        const double sum = held.to(at::kDouble).sum().item<double>();
+        const std::string which = std::string(is_keys ? "keys" : "values") + " after token " +
+                                  std::to_string(state["after_token"].get<int64_t>());
+        INFO(which);
+        // Elements agree to ~1e-5 (test_hqq.cpp): their sum over 8k to 25k elements to 1e-4.
+        CHECK(sum == doctest::Approx(ts["dequant_sum"].get<double>()).epsilon(1e-4));
+        const std::vector<uint8_t> head = test::base64(ts["dequant_head_f32"]);
+        const at::Tensor theirs = at::from_blob(const_cast<uint8_t*>(head.data()), {64}, at::kFloat).clone();
+        CHECK((held.reshape({-1}).narrow(0, 0, 64) - theirs).abs().max().item<double>() <= 4e-4);
       }
-      if (t == n_total) break;
-      k = at::cat({k, keys.narrow(1, t, 1)}, 1);
-      v = at::cat({v, values.narrow(1, t, 1)}, 1);
-      settle_quantized(k, v, part, *q, t);
-    }
+      ++compared;
+    });
   }
   CHECK(compared == 6);  // 3 bit widths x (the prefill, the flush)
 }

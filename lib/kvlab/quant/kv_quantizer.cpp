@@ -61,16 +61,25 @@ int64_t residual_flush(int64_t quantized, int64_t t_before, int64_t t_after, int
   return waiting > 0 && waiting + 1 >= residual ? t_after : quantized;
 }
 
-// transformers' QuantizedCache with the quanto backend at its default axes (§1, §2).
-class Quanto final : public KvQuantizer {
+// transformers' QuantizedCache with groups of G consecutive elements of one token and its residual
+// flush: the quanto backend at its default axes (§1, §2), or the HQQ backend at axis 1 (§3; not its
+// default axis 0, whose groups mix tokens and heads and are re-formed at every flush). With HQQ
+// each block leaving the residual is optimised alone (transformers re-quantizes the whole cache at
+// a flush: old values then move by ~1e-6, §1).
+class PerTokenGroups final : public KvQuantizer {
  public:
-  explicit Quanto(Settings s) : s_(std::move(s)) {}
+  PerTokenGroups(Settings s, bool hqq) : s_(std::move(s)), hqq_(hqq) {}
   std::string name() const override { return s_.name; }
-  nlohmann::json describe() const override { return describe_settings(s_, "quanto"); }
+  nlohmann::json describe() const override { return describe_settings(s_, hqq_ ? "hqq_axis1" : "quanto"); }
   int64_t quantized_after(int64_t quantized, int64_t t_before, int64_t t_after, bool) const override {
     return residual_flush(quantized, t_before, t_after, s_.residual);
   }
   at::Tensor round_trip(const at::Tensor& x, bool, int64_t* bytes) const override {
+    if (hqq_) {
+      const HqqQuantized q = hqq_quantize(x.contiguous(), s_.bits, s_.group, HqqGroups::rows);
+      *bytes += hqq_bytes(q, 4);
+      return hqq_dequantize(q);
+    }
     const AffineQuantized q = affine_quantize(x.contiguous(), s_.bits, s_.group, AffineGroups::flat);
     *bytes += affine_bytes(q, 4);
     return affine_dequantize(q);
@@ -86,36 +95,7 @@ class Quanto final : public KvQuantizer {
 
  private:
   Settings s_;
-};
-
-// transformers' QuantizedCache with the HQQ backend at axis 1 (groups of G consecutive elements:
-// per token), not its default axis 0, whose groups mix tokens and heads and are re-formed at every
-// flush (§3). Each block leaving the residual is optimised alone (transformers re-quantizes the
-// whole cache at a flush: old values then move by ~1e-6, §1).
-class Hqq final : public KvQuantizer {
- public:
-  explicit Hqq(Settings s) : s_(std::move(s)) {}
-  std::string name() const override { return s_.name; }
-  nlohmann::json describe() const override { return describe_settings(s_, "hqq_axis1"); }
-  int64_t quantized_after(int64_t quantized, int64_t t_before, int64_t t_after, bool) const override {
-    return residual_flush(quantized, t_before, t_after, s_.residual);
-  }
-  at::Tensor round_trip(const at::Tensor& x, bool, int64_t* bytes) const override {
-    const HqqQuantized q = hqq_quantize(x.contiguous(), s_.bits, s_.group, HqqGroups::rows);
-    *bytes += hqq_bytes(q, 4);
-    return hqq_dequantize(q);
-  }
-  int64_t stored_bytes(int64_t n, int64_t H, int64_t D, bool) const override {
-    return (H * n * D * s_.bits + 7) / 8 + (H * n * D / s_.group) * 2 * 4;
-  }
-  void check_head_dim(int64_t D) const override {
-    KVLAB_CHECK(D % s_.group == 0, "{}: groups of {} consecutive elements of one token; the model's head_dim {} "
-                "is not a multiple (give a group that divides it, e.g. '{}.g{}')",
-                s_.name, s_.group, D, s_.name, std::gcd(D, s_.group));
-  }
-
- private:
-  Settings s_;
+  bool hqq_;
 };
 
 // FP8 E4M3 with a per-(head, token) scale amax / 448 (§4).
@@ -176,8 +156,7 @@ std::shared_ptr<const KvQuantizer> make_quantizer(const std::string& name, const
   KVLAB_CHECK(s.bits == 2 || s.bits == 4 || s.bits == 8, "{}: '{}': the integer cache has 2, 4 or 8 bits", flag, name);
   KVLAB_CHECK(s.group >= 1 && s.residual >= 2, "{}: '{}': the group must be >= 1 and the residual >= 2 "
               "(transformers' shortest flush cycle), found G = {}, R = {}", flag, name, s.group, s.residual);
-  if (scheme == "hqq") return std::make_shared<Hqq>(s);
-  return std::make_shared<Quanto>(s);
+  return std::make_shared<PerTokenGroups>(s, /*hqq=*/scheme == "hqq");
 }
 
 std::vector<QuantizerInfo> quantizer_list() {
