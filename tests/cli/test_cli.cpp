@@ -387,6 +387,28 @@ TEST_CASE("cli: ppl streams each method's cache from the first token (stories260
     CHECK(all[i]["top1_agree"] == one[i]["top1_agree"]);
     CHECK(all[i]["kv_bytes_peak"] == one[i]["kv_bytes_peak"]);
   }
+  // --segments: segment 0 is the single-segment run; segment 1 is the text's next 119 tokens after
+  // BOS (its own numbers); an interrupted run resumes: the same --out finds both segments done and
+  // recomputes nothing; --rerotate marks the rows.
+  auto rs = run_kvlab(base + " --method local --cache-size 16 --segments 2 --rerotate --out " + dir + "/ps");
+  REQUIRE_MESSAGE(rs.code == 0, rs.out);
+  auto seg = read_json_file(dir + "/ps/result.json");
+  CHECK(seg["complete"] == true);
+  REQUIRE(seg["rows"].size() == 4);
+  CHECK(seg["rows"][0]["segment"] == 0);
+  CHECK(seg["rows"][0]["ppl"] == rows[0]["ppl"]);  // the full cache's, same 120 tokens
+  CHECK(seg["rows"][1]["rerotate"] == true);
+  CHECK(seg["rows"][2]["segment"] == 1);
+  CHECK(seg["rows"][2]["ppl"] != rows[0]["ppl"]);
+  auto again = run_kvlab(base + " --method local --cache-size 16 --segments 2 --rerotate --out " + dir + "/ps");
+  REQUIRE_MESSAGE(again.code == 0, again.out);
+  CHECK(again.out.find("(2 done before)") != std::string::npos);
+  CHECK(read_json_file(dir + "/ps/result.json")["rows"] == seg["rows"]);
+  check_one_error(run_kvlab(base + " --method local --cache-size 16 --segments 100000 --out " + dir + "/pz"),
+                  "--segments 100000 of --max-tokens 120: --text");
+  CHECK_FALSE(fs::exists(dir + "/pz"));
+  check_one_error(run_kvlab(base + " --method tova --cache-size 16 --rerotate --out " + dir + "/pz"), "--rerotate: tova");
+  CHECK_FALSE(fs::exists(dir + "/pz"));
   // generate --method: the same ids batched and not.
   const std::string gen = "generate --model " + model + " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315 "
                           "--method exact,snapkv,streaming_llm,h2o --ratio 0.5 --max-new-tokens 12 --ignore-eos --json";

@@ -206,6 +206,8 @@ CompressedLayer window_layer(const at::Tensor& k, const at::Tensor& v, int64_t w
 CompressedAttention::CompressedAttention(std::vector<CompressedLayer> layers) : layers_(std::move(layers)) {
   for (auto& l : layers_) {
     l.split_heads();  // heads of different counts hold no padding
+    KVLAB_CHECK(!l.rerotation || l.stream, "--rerotate: re-rotation moves a streaming method's entries while it "
+                "decodes; this layer's method compresses once (see 'kvlab replay --list-methods')");
     if (l.quant) {
       KVLAB_CHECK(!l.stream, "{}: a method that compresses while decoding is not quantized yet (issue 52); "
                   "give --prefill-only", l.quant->name());
@@ -263,6 +265,11 @@ at::Tensor CompressedAttention::attend(int layer, const at::Tensor& q, const at:
     peak_[layer] = std::max(peak_[layer], l.bytes());
     peak_entries_[layer] = std::max(peak_entries_[layer], l.live_entries());
     l.stream->settle(q, l.num.keys.size(1) ? l.num.keys : at::Tensor());
+    if (l.rerotation) {
+      KVLAB_CHECK(l.num.keys.size(1) == 0, "--rerotate: layer {} has an exact prefix of {} entries (--keep-first); "
+                  "re-rotation moves only a stream's own entries, so use --keep-first 0", layer, l.num.keys.size(1));
+      l.rerotation->apply(*l.stream);
+    }
   } else if (l.ragged()) {
     // Each KV head over its own entries, with its group of query heads. q [Hq, T, d].
     const int64_t h_kv = static_cast<int64_t>(l.heads.size()), g = q.size(0) / h_kv;

@@ -25,6 +25,7 @@
 
 #include "kvlab/attention/attention.h"
 #include "kvlab/attention/backend.h"
+#include "kvlab/cache/rerotation.h"
 #include "kvlab/quant/quantized_part.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/stream.h"
@@ -41,6 +42,9 @@ struct CompressedLayer {
   double logit_scale = 1.0;  // BUZZ log n
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
   std::shared_ptr<LayerStream> stream;  // streaming methods: the entries after the prefix
+  // --rerotate (cache/rerotation.h): after each step the stream's keys move to contiguous positions
+  // ending at the newest token. Only with a stream and no exact prefix.
+  std::shared_ptr<Rerotation> rerotation;
   // Heads holding different counts (adakv; prefill-only, one set): each KV head's live entries in
   // a set of its own, no padding, so the bytes held are those of the entries (split_heads makes
   // them from `num`, which is then left empty). Decoded tokens are appended to every head.

@@ -90,6 +90,7 @@
 #include <limits>
 #include <tuple>
 
+#include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
@@ -281,6 +282,12 @@ bool BuzzCache::evict_once() {
   return true;
 }
 
+void BuzzCache::rotate_keys(const at::Tensor& delta, const at::Tensor& inv_freq) {
+  KVLAB_CHECK(delta.dim() == 2 && delta.size(0) == n_kv_heads_ && delta.size(1) == size(),
+              "BuzzCache: rotating {} entries by a delta of {}", size(), delta.size(-1));
+  if (size() > 0) keys_ = rotate_by(keys_, delta, inv_freq);
+}
+
 int BuzzCache::fit() {
   int rounds = 0;
   while (n_other() > cfg_.threshold) {
@@ -354,6 +361,13 @@ class BuzzStream final : public LayerStream {
   }
 
   const KVSet& held() const override { return held_; }
+  // Between steps held_ is the cache alone (settle took the pending tokens in).
+  bool rotate_held(const at::Tensor& delta, const at::Tensor& inv_freq) override {
+    KVLAB_CHECK(!new_k_.defined(), "buzz: rotate_held between push and settle");
+    cache_.rotate_keys(delta, inv_freq);
+    rebuild();
+    return true;
+  }
   double logit_scale() const override { return scale_; }
   int64_t n_seen() const override { return n_seen_; }
 

@@ -92,6 +92,9 @@ class BuzzCache {
   const at::Tensor& values() const { return values_; }  // [n_kv_heads, size, head_dim]
   const at::Tensor& pos() const { return pos_; }        // [n_kv_heads, size] int64
   const at::Tensor& score() const { return score_; }    // [n_kv_heads, size] accumulated attention
+  // Rotates the held keys by delta [n_kv_heads, size] positions (attention/rope.h rotate_by;
+  // re-rotation, cache/rerotation.h).
+  void rotate_keys(const at::Tensor& delta, const at::Tensor& inv_freq);
 
  private:
   BuzzConfig cfg_;

@@ -192,6 +192,10 @@ class H2OStream final : public LayerStream {
   }
 
   const KVSet& held() const override { return held_.set(); }
+  bool rotate_held(const at::Tensor& delta, const at::Tensor& inv_freq) override {
+    held_.rotate_keys(delta, inv_freq);
+    return true;
+  }
   double live_entries() const override { return double(held_.size()); }  // every entry exact
   int64_t n_seen() const override { return n_seen_; }
 

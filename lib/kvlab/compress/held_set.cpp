@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kvlab/attention/rope.h"
 #include "kvlab/compress/stream.h"
 #include "kvlab/core/check.h"
 
@@ -73,6 +74,12 @@ void HeldSet::refresh_view() {
   view_.values = buf_.values.narrow(1, 0, m_);  // [Hkv, m, d]
   view_.bias = buf_.bias.narrow(1, 0, m_);      // [Hkv, m]
   view_.pos = buf_.pos.narrow(1, 0, m_);        // [Hkv, m]
+}
+
+void HeldSet::rotate_keys(const at::Tensor& delta, const at::Tensor& inv_freq) {
+  KVLAB_CHECK(delta.dim() == 2 && delta.size(0) == view_.keys.size(0) && delta.size(1) == m_,
+              "HeldSet: rotating {} held entries by a delta of {} entries", m_, delta.size(-1));
+  view_.keys.copy_(rotate_by(view_.keys, delta, inv_freq));  // view_ is the buffers' first m_ entries
 }
 
 void HeldSet::append(const at::Tensor& k, const at::Tensor& v, int64_t pos0) {

@@ -40,6 +40,8 @@ class HeldSet {
   void keep_same(const std::vector<int64_t>& row) { compact(row, false); }
   // keys, values [Hkv, m, d], bias [Hkv, m], pos [Hkv, m]: views of the buffers' first m entries.
   const KVSet& set() const { return view_; }
+  // Rotates the held keys in place by delta [Hkv, m] positions (rope.h rotate_by).
+  void rotate_keys(const at::Tensor& delta, const at::Tensor& inv_freq);
   int64_t size() const { return m_; }
 
  private:

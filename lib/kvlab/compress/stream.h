@@ -48,6 +48,14 @@ class LayerStream {
   // Entries held per KV head that are not padding (bias > -inf), averaged over the heads; by
   // default counted on held(). A stream whose entries are all exact says so without counting.
   virtual double live_entries() const;
+  // Re-rotation (cache/rerotation.h): rotates each held key by delta [Hkv, m] int64 positions (in
+  // held() order; attention/rope.h rotate_by with inv_freq [d/2]), so that later attention and the
+  // method's own scores see the moved keys. Only a stream whose entries are tokens held one to one
+  // (pos >= 0) can; false = this stream cannot (it merges or keeps copies of its keys).
+  virtual bool rotate_held(const at::Tensor& delta, const at::Tensor& inv_freq) {
+    (void)delta, (void)inv_freq;
+    return false;
+  }
 };
 
 // Post-softmax attention of the queries q [Hq, T, d] at positions query_pos [T] over the exact

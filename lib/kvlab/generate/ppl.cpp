@@ -44,6 +44,14 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
       KVLAB_CHECK(layer.stream, "ppl: {} compresses once after a prefill and does not stream while decoding; "
                   "ppl streams a cache of --cache-size entries from the first token (see 'kvlab replay "
                   "--list-methods' for the streaming methods)", b.method.name);
+      if (b.rerotate) {
+        layer.rerotation = std::make_shared<Rerotation>(model.layer_inv_freq(l), b.method.name);
+        // Asked now, on the empty stream, so a method that cannot is one error before any work.
+        const auto none_moved = at::zeros({c.n_kv_heads, layer.stream->held().keys.size(1)}, opts.dtype(at::kLong));
+        KVLAB_CHECK(layer.stream->rotate_held(none_moved, model.layer_inv_freq(l)),
+                    "--rerotate: {} keeps copies of its keys that re-rotation cannot move; it applies to "
+                    "streaming_llm, local, h2o and buzz", b.method.name);
+      }
     }
     layers.push_back(std::move(layer));
   }
@@ -138,6 +146,7 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
     PplRow& r = rows[b];
     r.method = branches[b].method.name;
     r.cache_size = branches[b].cache_size;
+    r.rerotate = branches[b].rerotate;
     r.n_predicted = n - 1;
     r.nll /= m;
     r.ppl = std::exp(r.nll);

@@ -23,11 +23,15 @@ struct PplBranch {
   MethodSpec method;
   int64_t cache_size = 0;  // entries per KV head and layer
   uint64_t seed = 0;
+  // Held keys re-rotated to contiguous positions after every step (cache/rerotation.h), as
+  // StreamingLLM's and BUZZ's code do; false = keys keep the positions they were cached at.
+  bool rerotate = false;
 };
 
 struct PplRow {
   std::string method;
   int64_t cache_size = 0;
+  bool rerotate = false;
   int64_t n_predicted = 0;  // tokens 1 .. n-1
   double nll = 0;           // mean negative log-likelihood (nats)
   double ppl = 0;           // exp(nll)

@@ -1,0 +1,76 @@
+#include "kvlab/cache/rerotation.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+int64_t Rerotation::at(size_t h, int64_t pos) const {
+  return h < at_.size() && pos < int64_t(at_[h].size()) ? at_[h][size_t(pos)] : pos;
+}
+
+Rerotation::Rerotation(at::Tensor inv_freq, std::string method)
+    : inv_freq_(std::move(inv_freq)), method_(std::move(method)) {
+  KVLAB_CHECK(inv_freq_.defined() && inv_freq_.dim() == 1, "--rerotate: {}: the model has no RoPE frequencies", method_);
+}
+
+std::vector<std::vector<int64_t>> Rerotation::positions(const LayerStream& s) const {
+  const KVSet& held = s.held();
+  const auto pos = held.pos.to(at::kCPU, at::kLong).contiguous();    // [Hkv, m]
+  const auto bias = held.bias.to(at::kCPU, at::kDouble).contiguous();  // [Hkv, m]
+  const int64_t h_kv = pos.size(0), m = pos.size(1);
+  std::vector<std::vector<int64_t>> out(size_t(h_kv), std::vector<int64_t>(size_t(m), -1));
+  for (int64_t h = 0; h < h_kv; ++h)
+    for (int64_t j = 0; j < m; ++j)
+      if (bias.data_ptr<double>()[h * m + j] > -std::numeric_limits<double>::infinity())
+        out[size_t(h)][size_t(j)] = at(size_t(h), pos.data_ptr<int64_t>()[h * m + j]);
+  return out;
+}
+
+void Rerotation::apply(LayerStream& s) {
+  const KVSet& held = s.held();
+  const auto pos = held.pos.to(at::kCPU, at::kLong).contiguous();    // [Hkv, m]
+  const auto bias = held.bias.to(at::kCPU, at::kDouble).contiguous();  // [Hkv, m]
+  const int64_t h_kv = pos.size(0), m = pos.size(1);
+  if (at_.size() < size_t(h_kv)) at_.resize(size_t(h_kv));
+  auto delta = at::zeros({h_kv, m}, at::kLong);  // [Hkv, m]
+  auto da = delta.accessor<int64_t, 2>();
+  bool moved = false;
+  for (int64_t h = 0; h < h_kv; ++h) {
+    const int64_t* p = pos.data_ptr<int64_t>() + h * m;
+    const double* b = bias.data_ptr<double>() + h * m;
+    std::vector<int64_t> live;  // held indices of the live entries, by position
+    for (int64_t j = 0; j < m; ++j)
+      if (b[j] > -std::numeric_limits<double>::infinity()) {
+        KVLAB_CHECK(p[j] >= 0, "--rerotate: {} holds merged entries, which have no single position to move; "
+                    "re-rotation applies to methods that keep tokens one to one (streaming_llm, local, h2o, buzz)",
+                    method_);
+        live.push_back(j);
+      }
+    if (live.empty()) continue;
+    std::sort(live.begin(), live.end(), [&](int64_t a, int64_t c) { return p[a] < p[c]; });
+    const int64_t newest = p[live.back()], n_live = int64_t(live.size());
+    auto& row = at_[size_t(h)];
+    if (int64_t(row.size()) <= newest) {  // positions not seen before sit where they were cached
+      const size_t old = row.size();
+      row.resize(size_t(newest) + 1);
+      std::iota(row.begin() + long(old), row.end(), int64_t(old));
+    }
+    for (int64_t r = 0; r < n_live; ++r) {
+      const int64_t j = live[size_t(r)], target = newest - (n_live - 1 - r);
+      const int64_t d = target - row[size_t(p[j])];
+      if (d != 0) moved = true;
+      da[h][j] = d;
+      row[size_t(p[j])] = target;
+    }
+  }
+  if (!moved) return;
+  KVLAB_CHECK(s.rotate_held(delta.to(held.keys.device()), inv_freq_),
+              "--rerotate: {} keeps copies of its keys that re-rotation cannot move; it applies to streaming_llm, "
+              "local, h2o and buzz", method_);
+}
+
+}  // namespace kvlab

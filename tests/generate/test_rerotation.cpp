@@ -1,0 +1,138 @@
+// Re-rotation while decoding (cache/rerotation.h, `ppl --rerotate`), checked against the official
+// codes' own formulation (StreamingLLM's and BUZZ's: keys kept before RoPE, each rotated by its
+// slot 0 .. m−1 in the cache, the new token's query by its slot), written out here from raw
+// (pre-RoPE) vectors: after every step each held key equals its raw key rotated once to its slot
+// (up to a shift that logits do not see), so the logits of the next query equal the official ones;
+// without eviction nothing moves; a method that cannot is refused before any work.
+#include <doctest/doctest.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "kvlab/attention/rope.h"
+#include "kvlab/cache/rerotation.h"
+#include "kvlab/compress/compressor.h"
+#include "kvlab/core/check.h"
+#include "kvlab/generate/ppl.h"
+#include "kvlab/model/model.h"
+#include "test_util.h"
+
+using namespace kvlab;
+namespace fs = std::filesystem;
+
+namespace {
+
+// x [H, n, d] rotated to position p (one position for every row).
+at::Tensor at_position(const at::Tensor& x, int64_t p, const at::Tensor& inv_freq) {
+  return rotate_by(x, at::full({x.size(0), x.size(1)}, p, at::kLong), inv_freq);
+}
+
+}  // namespace
+
+TEST_CASE("rerotation: held keys sit at their cache slots, as the official codes rotate them") {
+  c10::InferenceMode guard;
+  const int64_t h_kv = 2, h_q = 4, d = 16, steps = 60;
+  const at::Tensor inv_freq = rope_inv_freq(10000.0, d, RopeScaling{});
+  for (const std::string name : {"streaming_llm", "local", "h2o", "buzz"}) {
+    for (const int64_t cap : {int64_t(12), int64_t(20)}) {
+      INFO("method=" << name << " cache=" << cap);
+      at::manual_seed(7);
+      LayerKV empty;
+      empty.keys = empty.values = at::zeros({h_kv, 0, d});
+      CompressOptions co;
+      co.budget = Budget::of_entries(cap);
+      auto stream = make_compressor(name, nlohmann::json::object())->start_stream(empty, co);
+      REQUIRE(stream);
+      Rerotation rr(inv_freq, name);
+      std::map<int64_t, at::Tensor> raw_k;  // position -> [Hkv, 1, d] before RoPE
+      bool evicted = false;
+      for (int64_t t = 0; t < steps; ++t) {
+        const at::Tensor kraw = at::randn({h_kv, 1, d}), qraw = at::randn({h_q, 1, d});
+        raw_k[t] = kraw;
+        const int64_t m_before = stream->held().keys.size(1);  // held before this token: its slot
+        // The model's keys and query are rotated at the true position t.
+        stream->push(at_position(kraw, t, inv_freq), at::randn({h_kv, 1, d}), t);
+        const KVSet& held = stream->held();
+        const int64_t m = held.keys.size(1);
+        // The official logits: held keys at slots 0 .. m−1 in position order, the query at its slot.
+        auto pos = held.pos.contiguous();  // [Hkv, m]
+        const at::Tensor q_true = at_position(qraw, t, inv_freq), q_slot = at_position(qraw, m_before, inv_freq);
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::vector<int64_t> p(pos[h].data_ptr<int64_t>(), pos[h].data_ptr<int64_t>() + m);
+          std::vector<int64_t> order(p.begin(), p.end());
+          std::sort(order.begin(), order.end());
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t slot = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
+            const at::Tensor official = at_position(raw_k[p[size_t(j)]].select(0, h).unsqueeze(0), slot, inv_freq);
+            const at::Tensor ours = held.keys.select(0, h).narrow(0, j, 1).unsqueeze(0);  // [1, 1, d]
+            // Query head 2h (its KV group's first): logits against the key, ours vs the official.
+            const double l_ours = (q_true.select(0, 2 * h) * ours.view({1, d})).sum().item<double>();
+            const double l_off = (q_slot.select(0, 2 * h) * official.view({1, d})).sum().item<double>();
+            CHECK(l_ours == doctest::Approx(l_off).epsilon(1e-4).scale(std::abs(l_off) + 1.0));
+          }
+          CHECK(m_before == m - 1);
+        }
+        stream->settle(q_true, at::Tensor());
+        evicted = evicted || stream->held().keys.size(1) < m;
+        rr.apply(*stream);
+        // After apply: held keys are their raw keys at t − (m' − 1 − rank), contiguous up to t.
+        const KVSet& after = stream->held();
+        const int64_t m2 = after.keys.size(1);
+        auto pos2 = after.pos.contiguous();
+        const auto where = rr.positions(*stream);
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::vector<int64_t> p(pos2[h].data_ptr<int64_t>(), pos2[h].data_ptr<int64_t>() + m2);
+          std::vector<int64_t> order(p.begin(), p.end());
+          std::sort(order.begin(), order.end());
+          for (int64_t j = 0; j < m2; ++j) {
+            const int64_t rank = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
+            const int64_t target = t - (m2 - 1 - rank);
+            CHECK(where[size_t(h)][size_t(j)] == target);
+            const at::Tensor want = at_position(raw_k[p[size_t(j)]].select(0, h).unsqueeze(0), target, inv_freq);
+            const at::Tensor got = after.keys.select(0, h).narrow(0, j, 1).unsqueeze(0);
+            CHECK(at::allclose(got, want, 1e-4, 1e-4));
+          }
+        }
+      }
+      CHECK(evicted);  // the cap bit, so keys really moved
+      CHECK(stream->held().keys.size(1) <= cap);
+    }
+  }
+}
+
+TEST_CASE("rerotation: without eviction ppl is unchanged; with it ppl moves; a method that cannot is refused") {
+  const std::string dir = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(dir + "/model.safetensors")) {
+    MESSAGE("skipped: " << dir << " not found (set KVLAB_SHARED)");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(dir);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 80; ++i) tokens.push_back(1 + (i * 37 + i * i) % 500);
+  for (const std::string name : {"streaming_llm", "h2o", "buzz"}) {
+    INFO("method=" << name);
+    MethodSpec m;
+    m.name = name;
+    m.compressor = make_compressor(name, nlohmann::json::object());
+    std::vector<PplBranch> br = {{m, 200, 0, false}, {m, 200, 0, true}, {m, 24, 0, false}, {m, 24, 0, true}};
+    PplResult r = run_ppl(model, tokens, br);
+    CHECK(r.rows[1].nll == r.rows[0].nll);  // 200 > 80 tokens: nothing evicted, nothing moved
+    CHECK(r.rows[1].rerotate);
+    CHECK(r.rows[3].nll != r.rows[2].nll);  // evicted: the moved keys change the logits
+  }
+  MethodSpec tova;
+  tova.name = "tova";
+  tova.compressor = make_compressor("tova", nlohmann::json::object());
+  bool refused = false;
+  try {
+    check_ppl_branches(model, {{tova, 24, 0, true}});
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("--rerotate: tova") != std::string::npos;
+  }
+  CHECK(refused);
+}
