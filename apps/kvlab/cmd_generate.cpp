@@ -56,6 +56,7 @@ struct GenerateCmdOptions {
   int64_t obs_queries = 256;
   int64_t seed = 42;
   bool prefill_only = false;
+  bool rerotate = false;
   bool no_batch = false;
   bool overwrite = false;
   std::string preset = "default";
@@ -95,6 +96,8 @@ struct GenerateCmdOptions {
                                 "(default: all in one batch, printed when done; the same outputs)");
     f.add("prefill_only", prefill_only, "streaming methods too compress once after prefill and append decoded "
                                         "tokens exactly (default: they keep compressing while decoding)");
+    f.add("rerotate", rerotate, "streaming methods' held keys moved to contiguous positions after every token, as "
+                                "StreamingLLM's and BUZZ's code (default: keys keep their cached positions)");
   }
 };
 
@@ -130,7 +133,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
   for (const auto& m : methods)
     for (const auto& b : budgets) {
       specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
-                       !o.prefill_only, /*count_whole=*/true});
+                       !o.prefill_only, /*count_whole=*/true, o.rerotate});
       BranchOptions bo;
       bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;
@@ -237,7 +240,8 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     const std::pair<bool, const char*> branch_flags[] = {
         {!o.ratio.empty(), "--ratio"}, {!o.budget.empty(), "--budget"}, {!o.T.empty(), "--T"},
         {!o.bytes.empty(), "--bytes"}, {!o.param.empty(), "--param"}, {!o.params.empty(), "--params"}, {o.keep_first != 0, "--keep-first"},
-        {o.keep_last != 0, "--keep-last"}, {o.prefill_only, "--prefill-only"}, {o.preset != "default", "--preset"}};
+        {o.keep_last != 0, "--keep-last"}, {o.prefill_only, "--prefill-only"}, {o.rerotate, "--rerotate"},
+        {o.preset != "default", "--preset"}};
     for (const auto& [given, flag] : branch_flags)
       KVLAB_CHECK(!given, "{} applies to compressed-cache branches: give --method too (without it generate "
                   "decodes with the exact cache)", flag);
@@ -249,6 +253,8 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
     methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
     check_quantized_methods(methods, !o.prefill_only, "--prefill-only");
+    KVLAB_CHECK(!(o.rerotate && o.prefill_only), "--rerotate moves the keys of methods that compress while decoding; "
+                "--prefill-only stops them: give one of the two");
     for (const auto& m : methods)
       KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !compressor_info(m.name).streaming,
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "

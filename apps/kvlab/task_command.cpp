@@ -30,7 +30,8 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("protocol", protocol, "whole (the prompt prefilled, then compressed) | context (the context compressed, the "
         "question fed through the compressed cache: kvpress's)");
   f.add("decode_rule", decode_rule, "prefill (every method compresses once; later tokens appended: equal memory) | "
-        "stream (streaming methods keep compressing while decoding)");
+        "stream (streaming methods keep compressing while decoding) | rerotate (as stream, their held keys moved to "
+        "contiguous positions after every token, as StreamingLLM's and BUZZ's code)");
   f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
         "<run>/kept/<dataset>/<record>.json");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
@@ -56,7 +57,7 @@ std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_file
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   parse_task_protocol(o.protocol, o.decode_rule);  // bad values fail before the model loads
   auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
-  check_quantized_methods(methods, parse_task_protocol(o.protocol, o.decode_rule).decode == TaskProtocol::Decode::stream,
+  check_quantized_methods(methods, parse_task_protocol(o.protocol, o.decode_rule).streams(),
                           "--decode-rule prefill");
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());

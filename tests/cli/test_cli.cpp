@@ -830,6 +830,15 @@ TEST_CASE("cli: quantized branches by name in a task command and replay (issue 5
   auto bad = run_kvlab(niah + "--method snapkv+kivi3 --out " + dir + "/bad");
   CHECK(bad.code != 0);
   CHECK(bad.out.find("'kivi3': KIVI quantizes to 2 or 4 bits") != std::string::npos);
+
+  // --decode-rule rerotate: the rows say so; a stream that cannot move its keys is refused.
+  auto rr = run_kvlab(niah + "--method streaming_llm,h2o --decode-rule rerotate --out " + dir + "/rerotate");
+  REQUIRE_MESSAGE(rr.code == 0, rr.out);
+  for (const auto& row : nlohmann::json::parse(test::read_file(dir + "/rerotate/result.json"))["rows"])
+    CHECK(row["decode_rule"] == "rerotate");
+  auto tova = run_kvlab(niah + "--method tova --decode-rule rerotate --out " + dir + "/tova");
+  CHECK(tova.code != 0);
+  CHECK(tova.out.find("tova keeps copies of its keys") != std::string::npos);
 }
 
 TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)") {

@@ -17,6 +17,7 @@
 #include "kvlab/cache/rerotation.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/core/check.h"
+#include "kvlab/generate/branches.h"
 #include "kvlab/generate/ppl.h"
 #include "kvlab/model/model.h"
 #include "test_util.h"
@@ -135,4 +136,84 @@ TEST_CASE("rerotation: without eviction ppl is unchanged; with it ppl moves; a m
     refused = std::string(e.what()).find("--rerotate: tova") != std::string::npos;
   }
   CHECK(refused);
+}
+
+TEST_CASE("rerotation in generation: after k steps each held key is its key as cached, rotated once to its slot") {
+  const std::string dir = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(dir + "/model.safetensors")) {
+    MESSAGE("skipped: " << dir << " not found (set KVLAB_SHARED)");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(dir);
+  const int n_layers = int(model.config.n_layers);
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 40; ++i) prompt.push_back(1 + (i * 53 + 7 * i * i) % 500);
+  const int64_t n = int64_t(prompt.size()), steps = 24;
+  Prefill pre = run_prefill(model, prompt, 8);
+  for (const std::string name : {"streaming_llm", "h2o", "buzz"}) {
+    INFO("method=" << name);
+    MethodSpec m;
+    m.name = name;
+    m.compressor = make_compressor(name, nlohmann::json::object());
+    // Every decode step's keys as the model cached them (true positions n, n+1, ...).
+    struct Tap : QkvTap {
+      std::vector<std::vector<at::Tensor>> k;
+      explicit Tap(int l) : k(size_t(l)) {}
+      void on_qkv(int layer, const at::Tensor&, const at::Tensor& kk, const at::Tensor&) override {
+        k[size_t(layer)].push_back(kk.clone());
+      }
+    } tap(n_layers);
+    std::vector<KVSet> held;
+    BranchOptions bo;
+    bo.max_new_tokens = steps + 1;
+    bo.stop_at_eos = false;
+    bo.tap = &tap;
+    bo.on_done = [&](const CompressedAttention& a) {
+      for (int l = 0; l < n_layers; ++l) held.push_back(a.layer(l).stream->held());
+    };
+    BranchSpec spec{m, Budget::of_entries(16), 3, 0, 0, /*stream=*/true, /*count_whole=*/true, /*rerotate=*/true};
+    BranchResult r = run_branch(model, pre, spec, bo);
+    REQUIRE(held.size() == size_t(n_layers));
+    const int64_t last = n + steps - 1;  // the newest token's position
+    for (int l = 0; l < n_layers; ++l) {
+      INFO("layer " << l);
+      const at::Tensor inv_freq = model.layer_inv_freq(l);
+      auto pos = held[size_t(l)].pos.contiguous();
+      for (int64_t h = 0; h < pos.size(0); ++h) {
+        std::vector<int64_t> p(pos[h].data_ptr<int64_t>(), pos[h].data_ptr<int64_t>() + pos.size(1));
+        std::vector<int64_t> order(p);
+        std::sort(order.begin(), order.end());
+        const int64_t m2 = int64_t(p.size());
+        CHECK(m2 < n + steps);  // evicted: keys really moved
+        for (int64_t j = 0; j < m2; ++j) {
+          const int64_t rank = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
+          const int64_t target = last - (m2 - 1 - rank), q = p[size_t(j)];
+          const at::Tensor cached = q < n ? pre.k[size_t(l)].select(0, h).narrow(0, q, 1)
+                                          : tap.k[size_t(l)][size_t(q - n)].select(0, h);  // [1, d]
+          const at::Tensor want = rotate_by(cached.unsqueeze(0), at::full({1, 1}, target - q, at::kLong), inv_freq);
+          CHECK(at::allclose(held[size_t(l)].keys.select(0, h).narrow(0, j, 1).unsqueeze(0), want, 1e-4, 1e-4));
+        }
+      }
+    }
+  }
+  MethodSpec sl;
+  sl.name = "streaming_llm";
+  sl.compressor = make_compressor("streaming_llm", nlohmann::json::object());
+  BranchOptions bo;
+  bo.max_new_tokens = 2;
+  auto message = [&](const BranchSpec& s) {
+    try {
+      run_branch(model, pre, s, bo);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message({sl, Budget::of_entries(16), 3, 4, 0, true, true, true}).find("keep_first 0") != std::string::npos);
+  MethodSpec tova;
+  tova.name = "tova";
+  tova.compressor = make_compressor("tova", nlohmann::json::object());
+  CHECK(message({tova, Budget::of_entries(16), 3, 0, 0, true, true, true}).find("tova keeps copies") !=
+        std::string::npos);
 }

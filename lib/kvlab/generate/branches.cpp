@@ -1,5 +1,7 @@
 #include "kvlab/generate/branches.h"
 
+#include "kvlab/cache/rerotation.h"
+
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -143,6 +145,20 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
                                     spec.count_whole, context));
     layers.back().quant = spec.method.quant;  // stored quantized from here on (window layers stay exact)
+    if (spec.rerotate && layers.back().stream) {
+      CompressedLayer& cl = layers.back();
+      KVLAB_CHECK(cl.num.keys.size(1) == 0, "re-rotation (--decode-rule rerotate / --rerotate) moves only a stream's "
+                  "own entries; {} keeps {} exact positions before them (--keep-first or its preset): give keep_first 0",
+                  spec.method.name, cl.num.keys.size(1));
+      cl.rerotation = std::make_shared<Rerotation>(model.layer_inv_freq(l), spec.method.name);
+      // Asked now (a move by 0), so a stream that cannot is one error before any token is decoded.
+      const auto none_moved = at::zeros({cl.stream->held().keys.size(0), cl.stream->held().keys.size(1)},
+                                        at::TensorOptions().dtype(at::kLong).device(cl.stream->held().keys.device()));
+      KVLAB_CHECK(cl.stream->rotate_held(none_moved, model.layer_inv_freq(l)),
+                  "re-rotation (--decode-rule rerotate / --rerotate): {} keeps copies of its keys that cannot be "
+                  "moved; it applies to streaming_llm, local, h2o and buzz", spec.method.name);
+      cl.rerotation->apply(*cl.stream);  // the prompt's survivors, before the first decoded token attends
+    }
     const KVSet& held = layers.back().num;
     KVLAB_CHECK(!(spec.method.quant && spec.budget.kind == Budget::Kind::bytes && held.bias.defined() &&
                   !at::isfinite(held.bias).all().item<bool>()),

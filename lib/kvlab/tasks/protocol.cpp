@@ -9,9 +9,15 @@ namespace kvlab {
 namespace {
 const char* kMemory = "counted whole: the budget is of the whole cache, exact sinks and windows inside it";
 const char* decode_text(TaskProtocol::Decode d) {
-  return d == TaskProtocol::Decode::prefill
-             ? "every method compresses once after the prefill; later tokens are appended exactly"
-             : "streaming methods keep r x tokens seen while decoding; the others append";
+  switch (d) {
+    case TaskProtocol::Decode::prefill:
+      return "every method compresses once after the prefill; later tokens are appended exactly";
+    case TaskProtocol::Decode::stream:
+      return "streaming methods keep r x tokens seen while decoding; the others append";
+    case TaskProtocol::Decode::rerotate:
+      return "as stream, the streaming methods' keys re-rotated to contiguous positions after every token";
+  }
+  return "";
 }
 }  // namespace
 
@@ -33,10 +39,12 @@ TaskProtocol parse_task_protocol(const std::string& protocol, const std::string&
   TaskProtocol p;
   KVLAB_CHECK(protocol == "whole" || protocol == "context", "--protocol: expected whole or context, got '{}'",
               protocol);
-  KVLAB_CHECK(decode_rule == "prefill" || decode_rule == "stream",
-              "--decode-rule: expected prefill or stream, got '{}'", decode_rule);
+  KVLAB_CHECK(decode_rule == "prefill" || decode_rule == "stream" || decode_rule == "rerotate",
+              "--decode-rule: expected prefill, stream or rerotate, got '{}'", decode_rule);
   p.question = protocol == "whole" ? TaskProtocol::Question::whole : TaskProtocol::Question::context;
-  p.decode = decode_rule == "prefill" ? TaskProtocol::Decode::prefill : TaskProtocol::Decode::stream;
+  p.decode = decode_rule == "prefill"  ? TaskProtocol::Decode::prefill
+             : decode_rule == "stream" ? TaskProtocol::Decode::stream
+                                       : TaskProtocol::Decode::rerotate;
   return p;
 }
 

@@ -28,12 +28,17 @@ namespace kvlab {
 
 struct TaskProtocol {
   enum class Question { whole, context };
-  enum class Decode { prefill, stream };
+  // rerotate: as stream, and the streaming methods' held keys move to contiguous positions after
+  // every token (cache/rerotation.h; StreamingLLM's and BUZZ's code).
+  enum class Decode { prefill, stream, rerotate };
   Question question = Question::whole;
   Decode decode = Decode::prefill;
 
   std::string question_name() const { return question == Question::whole ? "whole" : "context"; }
-  std::string decode_name() const { return decode == Decode::prefill ? "prefill" : "stream"; }
+  std::string decode_name() const {
+    return decode == Decode::prefill ? "prefill" : decode == Decode::stream ? "stream" : "rerotate";
+  }
+  bool streams() const { return decode != Decode::prefill; }  // streaming methods compress while decoding
   // {"protocol", "decode_rule", "memory"}: for result.json.
   nlohmann::json to_json() const;
   // One line for the head of a table: "protocol whole; decode rule prefill (...); memory counted whole".

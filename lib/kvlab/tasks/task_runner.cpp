@@ -300,7 +300,8 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       const MethodSpec& m = branches[i].method;
       todo.push_back(i);
       specs.push_back({m, branches[i].budget, opt.seed, m.keep_first_or(opt.keep_first), m.keep_last_or(opt.keep_last),
-                       opt.protocol.decode == TaskProtocol::Decode::stream, /*count_whole=*/true});
+                       opt.protocol.streams(), /*count_whole=*/true,
+                       opt.protocol.decode == TaskProtocol::Decode::rerotate});
       bos.push_back(std::move(bo));
     }
     std::vector<BranchResult> results;
