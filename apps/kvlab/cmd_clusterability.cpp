@@ -40,6 +40,7 @@ struct ClusterabilityCmdOptions : RunFolderOptions {
   std::string samples = "0";
   int64_t max_points = 4096;
   int64_t skip_first = 0;
+  int64_t last = 0;
   int64_t k_max = 256;
   int64_t silhouette_k = 16;
   std::vector<double> delta_fractions = {0.5, 0.75, 1.0};
@@ -52,6 +53,8 @@ struct ClusterabilityCmdOptions : RunFolderOptions {
     f.add("samples", samples, "samples: all | 0,1 (query norms use every chosen sample as one prompt)");
     f.add("max_points", max_points, "at most this many tokens per set, every stride-th, in stream order (0: all)");
     f.add("skip_first", skip_first, "leave out the first N tokens (e.g. the attention sink)");
+    f.add("last", last, "only the last N tokens of each sample (e.g. the N a dump generated, dump --generate N); "
+                      "0: all");
     f.add("k_max", k_max, "r(k)/diameter for k = 1 .. k_max");
     f.add("silhouette_k", silhouette_k, "k-center centres of the partition scored by silhouette");
     f.add("delta_fractions", delta_fractions, "δ of the δ-clusters as fractions of the set's rms spread");
@@ -104,7 +107,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
   copt.delta_fractions = o.delta_fractions;
   // k centres of n points with k >= n are n singletons: a silhouette of 0 that says nothing.
   for (int s : samples) {
-    const int64_t n_points = strided_positions(cap.sample(s).n_tokens, o.skip_first, o.max_points).numel();
+    const int64_t n_points = strided_positions(cap.sample(s).n_tokens, o.skip_first, o.max_points, o.last).numel();
     KVLAB_CHECK(o.silhouette_k < n_points, "--silhouette-k {} must be below the points scored per head ({} in "
                 "sample {}; see --max-points and --skip-first)", o.silhouette_k, n_points, s);
   }
@@ -120,7 +123,7 @@ void run_clusterability(const ClusterabilityCmdOptions& o, const nlohmann::json&
     for (int s : samples) {
       const LayerQKV qkv = cap.read_layer(s, layer);
       check_finite(cap, s, layer, qkv);
-      const auto positions = strided_positions(cap.sample(s).n_tokens, o.skip_first, o.max_points);  // [n]
+      const auto positions = strided_positions(cap.sample(s).n_tokens, o.skip_first, o.max_points, o.last);  // [n]
       for (int head : heads)
         for (const char* kind : {"keys", "values"}) {
           const at::Tensor& src = std::string(kind) == "keys" ? qkv.k : qkv.v;  // [n_kv_heads, n_tokens, head_dim]

@@ -1,12 +1,16 @@
 // kvlab dump --model M (--dataset SPEC | --prompt-file F | --prompt TEXT) [--samples N]
 //            [--max-tokens N] [--layers all|0,1,4] [--queries all|last:256]
-//            [--dtype float32|float16|bfloat16] [--out F.h5]
+//            [--dtype float32|float16|bfloat16] [--generate N] [--out F.h5]
 // Runs one prefill per prompt with a QkvTap that hands each wanted layer's post-RoPE q/k/v to the
 // CaptureWriter as soon as the layer produces it, so memory never holds more than one layer's
 // q/k/v (peak memory is nearly independent of the number of captured layers).
 // Prompts longer than --max-tokens keep their first and last max_tokens/2 tokens (LongBench rule;
 // an odd N keeps N-1). A prompt longer than the model's context is an error naming the context and
 // the prompt's length, unless --truncate asks for the same middle truncation to the context.
+// --generate N first decodes N tokens greedily from each (truncated) prompt with the exact cache,
+// EOS ignored, and captures prompt + those tokens in one prefill: exact attention is causal, so
+// the last N positions hold the q/k/v the model made while generating them (to float rounding);
+// clusterability and tsne select them with --last N (SubGen Fig. 1: keys of generated tokens).
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
@@ -56,6 +60,7 @@ struct DumpOptions {
   std::string out = "capture.h5";
   bool overwrite = false;
   bool truncate = false;
+  int64_t generate = 0;
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)").required();
     f.add("dataset", dataset, "JSONL prompt source (LongBench, LongEval, XSUM or {prompt|text} records)");
@@ -65,6 +70,9 @@ struct DumpOptions {
     f.add("max_tokens", max_tokens, "truncate longer prompts in the middle to N tokens (first and last N/2; "
                                     "0 = no limit below the model's context)");
     f.add("truncate", truncate, "truncate prompts longer than the model's context in the middle instead of failing");
+    f.add("generate", generate, "append N tokens greedily generated from each prompt (exact cache, EOS ignored) and "
+                                "capture them too: the last N positions are generated tokens (clusterability/tsne "
+                                "--last N)");
     f.add("layers", layers, "'all' or comma-separated 0-based layer indices");
     f.add("queries", queries, "'all' or 'last:N': query positions stored per sample");
     f.add("dtype", dtype, "storage dtype of q/k/v").one_of({"float32", "float16", "bfloat16"});
@@ -80,6 +88,7 @@ struct DumpOptions {
     KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 or -1 (all), got {}", samples);
     KVLAB_CHECK(max_tokens == 0 || max_tokens >= 2, "--max-tokens must be 0 (no limit) or >= 2 (the first and "
                 "last N/2 tokens are kept), got {}", max_tokens);
+    KVLAB_CHECK(generate >= 0, "--generate must be >= 0 (0: the prompt only), got {}", generate);
     parse_storage_dtype(dtype, "--dtype");
     parse_queries(queries);
     parse_compute_dtype(compute_dtype, "--compute-dtype");
@@ -273,15 +282,27 @@ void run_dump(const DumpOptions& o, const nlohmann::json& /*effective*/) {
       ids = truncate_middle(ids, ctx);
     }
     KVLAB_CHECK(!ids.empty(), "sample {} ('{}'): the prompt has no tokens", i, r.id);
+    const int64_t n_kept = static_cast<int64_t>(ids.size());  // the prompt as captured, before --generate
+    if (o.generate > 0) {
+      KVLAB_CHECK(static_cast<int64_t>(ids.size()) + o.generate <= ctx,
+                  "sample {} ('{}'): {} prompt tokens + --generate {} exceed {}; give --max-tokens {} or less", i,
+                  r.id, ids.size(), o.generate, ctx_what, ctx - o.generate);
+      ExactAttention gen_attn(c.n_layers);
+      GenerateOptions go;
+      go.max_new_tokens = o.generate;
+      go.stop_at_eos = false;  // every sample ends with exactly N generated tokens
+      const std::vector<int64_t> gen = generate_greedy(model, ids, gen_attn, go);
+      ids.insert(ids.end(), gen.begin(), gen.end());
+    }
     KVLAB_CHECK(slide_limit == 0 || static_cast<int64_t>(ids.size()) <= slide_limit,
                 "sample {} ('{}'): {} tokens, more than the {}-token sliding window of a layer in --layers {}; a "
                 "capture records no window (replay would judge against full attention): give --max-tokens {} or "
                 "less, or --layers with global layers only", i, r.id, ids.size(), slide_limit, o.layers, slide_limit);
     at::Tensor tokens = at::tensor(ids, at::kLong);  // [T]
     const int64_t T = tokens.numel();
-    if (T < n_prompt) {
+    if (n_kept < n_prompt) {
       ++n_truncated;
-      longest_truncated = std::max(longest_truncated, T);
+      longest_truncated = std::max(longest_truncated, n_kept);
     }
     if (last_q > T)
       fmt::print(stderr, "[dump] warning: sample {} ('{}'): --queries {} asks for more positions than its {} tokens; "

@@ -36,6 +36,7 @@ struct TsneCmdOptions : RunFolderOptions {
   int64_t sample = 0;
   int64_t max_points = 2000;
   int64_t skip_first = 0;
+  int64_t last = 0;
   double perplexity = 30;
   int64_t max_iter = 1000;
   double learning_rate = 0;
@@ -54,6 +55,8 @@ struct TsneCmdOptions : RunFolderOptions {
     f.add("sample", sample, "sample index in the capture");
     f.add("max_points", max_points, "at most this many tokens per panel, every stride-th (0: all)");
     f.add("skip_first", skip_first, "leave out the first N tokens (e.g. the attention sink)");
+    f.add("last", last, "only the last N tokens of each sample (e.g. the N a dump generated, dump --generate N); "
+                      "0: all");
     f.add("perplexity", perplexity, "t-SNE perplexity (sklearn's default 30)");
     f.add("max_iter", max_iter, "t-SNE iterations (>= 250)");
     f.add("learning_rate", learning_rate, "t-SNE learning rate; 0: auto = max(n / early_exaggeration / 4, 50)");
@@ -92,7 +95,7 @@ void run_tsne(const TsneCmdOptions& o, const nlohmann::json& effective) {
               cap.n_samples(), o.capture, cap.n_samples(), o.sample);
   const auto layers = select_layers(meta, o.layers);
   const auto heads = parse_index_list(o.heads, meta.n_kv_heads, "--heads");
-  const auto positions = strided_positions(cap.sample(o.sample).n_tokens, o.skip_first, o.max_points);  // [n]
+  const auto positions = strided_positions(cap.sample(o.sample).n_tokens, o.skip_first, o.max_points, o.last);  // [n]
   const int64_t n = positions.size(0);
   KVLAB_CHECK(o.kcenter_k <= n, "--kcenter-k {} exceeds the {} tokens taken (--max-points {})", o.kcenter_k, n,
               o.max_points);

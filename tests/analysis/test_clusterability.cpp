@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvlab/analysis/clusterability.h"
+#include "kvlab/analysis/points.h"
 #include "kvlab/compress/kcenter.h"
 #include "kvlab/core/check.h"
 
@@ -123,4 +124,15 @@ TEST_CASE("clusterability separates tight clusters from isotropic noise") {
   // r(k) never increases with k.
   for (size_t j = 1; j < ct.radius.size(); ++j) CHECK(ct.radius[j] <= ct.radius[j - 1]);
   CHECK(ct.delta[0].n == std::vector<int64_t>{16, 32, 64, 128, 256, 512});
+}
+
+TEST_CASE("strided_positions: skip, stride, and --last (the generated tail of a dump --generate sample)") {
+  auto v = [](const at::Tensor& t) { return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()); };
+  CHECK(v(kvlab::strided_positions(10, 2, 0)) == std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9});
+  CHECK(v(kvlab::strided_positions(10, 0, 4)) == std::vector<int64_t>{0, 3, 6, 9});
+  CHECK(v(kvlab::strided_positions(10, 0, 0, 3)) == std::vector<int64_t>{7, 8, 9});
+  CHECK(v(kvlab::strided_positions(10, 8, 0, 3)) == std::vector<int64_t>{8, 9});      // skip_first reaches further
+  CHECK(v(kvlab::strided_positions(10, 0, 2, 4)) == std::vector<int64_t>{6, 8});      // the stride within the tail
+  CHECK_THROWS_WITH_AS(kvlab::strided_positions(10, 0, 0, 11), doctest::Contains("--last must be in [0, 10]"),
+                       kvlab::Error);
 }

@@ -372,6 +372,16 @@ TEST_CASE("datasets: LongBench, LongEval, XSUM, generic JSONL") {
     CHECK(ds.records[0].prompt.rfind("###\nArticle: Prison Link Cymru", 0) == 0);
     CHECK(ds.records[0].answers.at(0).rfind("There is a \"chronic\" need", 0) == 0);
   }
+  SUBCASE("MT-Bench: the first turn of each question") {
+    const auto ds = kvlab::read_dataset(shared("data/mt_bench/question.jsonl"));
+    CHECK(ds.schema == kvlab::DatasetSchema::MtBench);
+    REQUIRE(ds.records.size() == 80);
+    CHECK(ds.records[0].id == "81");
+    CHECK(ds.records[0].dataset == "mt_bench");
+    CHECK(ds.records[0].prompt.rfind("Compose an engaging travel blog post about a recent trip to Hawaii", 0) == 0);
+    CHECK(ds.records[0].prompt.find("Rewrite your previous response") == std::string::npos);
+    CHECK(ds.records[0].extra["category"] == "writing");
+  }
   SUBCASE("generic JSONL and errors naming file:line") {
     const std::string dir = kvlab::test::temp_dir("datasets");
     const std::string good = dir + "/prompts.jsonl";

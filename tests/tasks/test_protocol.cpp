@@ -403,3 +403,19 @@ TEST_CASE("--protocol context with --decode-rule stream: a streaming cache takes
     CHECK(rows[i]["entries_peak"].get<double>() >= 16.0);
   }
 }
+
+TEST_CASE("decode rules by name: prefill, stream, rerotate; an unknown one lists them") {
+  using kvlab::TaskProtocol;
+  CHECK_FALSE(kvlab::parse_task_protocol("whole", "prefill").streams());
+  const TaskProtocol s = kvlab::parse_task_protocol("context", "stream");
+  CHECK(s.streams());
+  CHECK(s.decode_name() == "stream");
+  const TaskProtocol r = kvlab::parse_task_protocol("whole", "rerotate");
+  CHECK(r.streams());
+  CHECK(r.decode == TaskProtocol::Decode::rerotate);
+  CHECK(r.to_json()["decode_rule"] == "rerotate");
+  CHECK(r.line().find("re-rotated") != std::string::npos);
+  CHECK_THROWS_WITH_AS(kvlab::parse_task_protocol("whole", "rotate"),
+                       doctest::Contains("--decode-rule: expected prefill, stream or rerotate, got 'rotate'"),
+                       kvlab::Error);
+}

@@ -459,8 +459,16 @@ TEST_CASE("ruler eval: refuses repeated, missing and foreign predictions and a r
     CHECK(out.find("1 of the 3 samples") != std::string::npos);
     CHECK(out.find("--partial") != std::string::npos);
     REQUIRE(test::run_command(eval + " --partial", &out) == 0);
-    for (const auto& r : nlohmann::json::parse(test::read_file(dir + "/ev/result.json"))["rows"])
-      if (r["branch"] == "kvpress_snapkv_ratio0.5") CHECK(r["n"] == 1);
+    // (The parsed file is held in a variable: a range-for over a member of a temporary reads a
+    // destroyed object, and this loop had checked nothing.)
+    const auto ev = nlohmann::json::parse(test::read_file(dir + "/ev/result.json"));
+    int64_t found = 0;
+    for (const auto& r : ev["rows"])
+      if (r["branch"] == "kvpress_snapkv_ratio0.5") {
+        CHECK(r["n"] == 1);
+        ++found;
+      }
+    CHECK(found > 0);
   }
   SUBCASE("an empty file") {
     write_theirs({});
@@ -493,8 +501,9 @@ TEST_CASE("ruler eval: refuses repeated, missing and foreign predictions and a r
     CHECK(fs::exists(dir + "/run/pred/knorm_ratio0.5/fwe_512.jsonl"));
     fs::remove_all(dir + "/other/pred/kvpress_snapkv_ratio0.5");
     REQUIRE(test::run_command(eval, &out) == 0);
-    for (const auto& r : nlohmann::json::parse(test::read_file(dir + "/ev/result.json"))["rows"])
-      CHECK(r["branch"] != "snapkv_ratio0.5");
+    const auto ev = nlohmann::json::parse(test::read_file(dir + "/ev/result.json"));
+    REQUIRE(!ev["rows"].empty());
+    for (const auto& r : ev["rows"]) CHECK(r["branch"] != "snapkv_ratio0.5");
   }
 }
 

@@ -9,6 +9,8 @@
 namespace kvlab {
 
 // [m] int64 ascending positions in [skip_first, n_tokens); errors name --skip-first / --max-points.
-at::Tensor strided_positions(int64_t n_tokens, int64_t skip_first, int64_t max_points);
+// last > 0: only the sample's last `last` positions (e.g. the tokens a dump generated, --generate);
+// errors name --last too.
+at::Tensor strided_positions(int64_t n_tokens, int64_t skip_first, int64_t max_points, int64_t last = 0);
 
 }  // namespace kvlab

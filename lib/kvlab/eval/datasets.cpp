@@ -18,6 +18,7 @@ std::string schema_name(DatasetSchema s) {
     case DatasetSchema::LongBench: return "longbench";
     case DatasetSchema::LongEval: return "longeval";
     case DatasetSchema::Xsum: return "xsum";
+    case DatasetSchema::MtBench: return "mt_bench";
     case DatasetSchema::GenericPrompt:
     case DatasetSchema::GenericText: return "generic";
   }
@@ -30,12 +31,13 @@ DatasetSchema detect_schema(const json& r, const std::string& where) {
   if (has("context") && has("input") && has("answers")) return DatasetSchema::LongBench;
   if (has("prompt") && has("expected_number")) return DatasetSchema::LongEval;
   if (has("article")) return DatasetSchema::Xsum;
+  if (has("turns") && has("question_id")) return DatasetSchema::MtBench;
   if (has("prompt")) return DatasetSchema::GenericPrompt;
   if (has("text")) return DatasetSchema::GenericText;
   std::string keys;
   for (auto it = r.begin(); it != r.end(); ++it) keys += (keys.empty() ? "" : ", ") + it.key();
   KVLAB_FAIL("{}: unknown record schema (keys: {}); expected LongBench (input, context, answers), "
-             "LongEval (prompt, expected_number), XSUM (article) or a generic 'prompt' / 'text' field",
+             "LongEval (prompt, expected_number), XSUM (article), MT-Bench (question_id, turns) or a generic 'prompt' / 'text' field",
              where, keys);
 }
 
@@ -182,6 +184,16 @@ Dataset read_dataset(const std::string& spec, const DatasetOptions& opts) {
         for (const char* k : {"max_tokens", "stop"})
           if (r.contains(k)) rec.extra[k] = r[k];
         break;
+      case DatasetSchema::MtBench: {
+        rec.dataset = "mt_bench";
+        const json& turns = r["turns"];
+        KVLAB_CHECK(turns.is_array() && !turns.empty() && turns[0].is_string(),
+                    "{}: 'turns' must be a non-empty array of strings", where);
+        rec.prompt = turns[0].get<std::string>();  // the first turn: one prompt, one answer to generate
+        rec.id = r["question_id"].is_string() ? r["question_id"].get<std::string>() : r["question_id"].dump();
+        if (r.contains("category")) rec.extra["category"] = r["category"];
+        break;
+      }
       case DatasetSchema::GenericPrompt:
       case DatasetSchema::GenericText:
         rec.prompt = string_field(r, ds.schema == DatasetSchema::GenericPrompt ? "prompt" : "text", where);

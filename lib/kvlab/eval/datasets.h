@@ -17,8 +17,9 @@
 
 namespace kvlab {
 
-enum class DatasetSchema { LongBench, LongEval, Xsum, GenericPrompt, GenericText };
-std::string schema_name(DatasetSchema s);  // "longbench", "longeval", "xsum", "generic"
+// MtBench: FastChat's question.jsonl (question_id, category, turns); the prompt is the first turn.
+enum class DatasetSchema { LongBench, LongEval, Xsum, MtBench, GenericPrompt, GenericText };
+std::string schema_name(DatasetSchema s);  // "longbench", "longeval", "xsum", "mt_bench", "generic"
 
 struct PromptRecord {
   std::string id;                    // _id / "line N"
