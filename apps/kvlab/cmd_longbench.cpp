@@ -59,14 +59,15 @@ struct LongBenchOptions {
     KVLAB_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = dataset2maxlen.json), got {}",
                 max_new_tokens);
     parse_longbench_datasets(datasets);
-    task_branches(common, /*need_files=*/false);
+    plan_task(common, /*need_files=*/false);
   }
 };
 
 void run_longbench(const LongBenchOptions& o, const json& effective) {
   const auto& c = o.common;
   const LongBenchSelection sel = parse_longbench_datasets(o.datasets);
-  const auto branches = task_branches(c);
+  const TaskPlan plan = plan_task(c);
+  const auto& branches = plan.branches;
   const std::string max_gen_file =
       o.max_gen_file.empty() ? o.data_dir + "/config/dataset2maxlen.json" : o.max_gen_file;
   // Every file and record is read before the model loads: bad input fails in a second.
@@ -88,7 +89,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   KVLAB_CHECK(tm->context <= 0 || o.max_length <= tm->context, "--max-length {} exceeds {}'s context of {} tokens",
               o.max_length, tm->model.id, tm->context);
 
-  TaskRun tr = open_task_run(c, *tm, effective, branches);
+  TaskRun tr = open_task_run(c, *tm, effective, plan);
   const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t di = 0; di < data.size(); ++di) {
@@ -117,7 +118,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
                   max_length, data[di].path, rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
       records.push_back(std::move(r));
     }
-    run_task_dataset(c, *tm, tr, longbench_task(d), records, branches, rows, false);
+    run_task_dataset(c, *tm, tr, longbench_task(d), records, plan, rows, false);
   }
   remove_other_datasets(c, tr);
   // The task table, scored by eval.py's rules from the prediction files.
@@ -125,7 +126,7 @@ void run_longbench(const LongBenchOptions& o, const json& effective) {
   for (const auto& b : branches) scored.push_back({b.label, longbench_eval_folder(run.file("pred/" + b.label), sel.e)});
   const json table = longbench_score_table(scored, sel.datasets, sel.e);
   tr.write(rows, {{"complete", true}, {"longbench", table}, {"longbench_e", sel.e}});
-  std::cout << task_table_header(c) << "LongBench scores (eval.py's metrics, x100)\n"
+  std::cout << task_table_header(c, plan) << "LongBench scores (eval.py's metrics, x100)\n"
             << render_table(table, longbench_table_columns(sel.datasets, sel.e)) << "\n"
             << "Fidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",

@@ -49,12 +49,12 @@ struct LongEvalOptions {
     // issue 50: --data with --lines ran --data alone.
     KVLAB_CHECK(data.empty() || lines.empty(), "--data and --lines both name the testcases: give one (--data {} or "
                 "--lines {})", data, fmt::join(lines, ","));
-    task_branches(common, /*need_files=*/false);
+    plan_task(common, /*need_files=*/false);
   }
 };
 
 void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
-  const auto branches = task_branches(o.common);
+  const TaskPlan plan = plan_task(o.common);
   std::vector<std::pair<std::string, std::string>> files;  // (dataset, path)
   if (!o.data.empty()) {
     files.push_back({std::filesystem::path(o.data).stem().string(), o.data});
@@ -67,7 +67,7 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
 
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
-  TaskRun tr = open_task_run(c, *tm, effective, branches);
+  TaskRun tr = open_task_run(c, *tm, effective, plan);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
   for (size_t fi = 0; fi < files.size(); ++fi) {
@@ -86,10 +86,10 @@ void run_longeval(const LongEvalOptions& o, const nlohmann::json& effective) {
       r.gold = lc.gold;
       records.push_back(std::move(r));
     }
-    run_task_dataset(c, *tm, tr, TaskSpec{files[fi].first, longeval_score}, records, branches, rows,
+    run_task_dataset(c, *tm, tr, TaskSpec{files[fi].first, longeval_score}, records, plan, rows,
                      fi + 1 == files.size());
   }
-  std::cout << task_table_header(c) << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
+  std::cout << task_table_header(c, plan) << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
                                    "entries_start", "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[longeval] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));
 }

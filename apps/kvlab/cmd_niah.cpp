@@ -54,7 +54,7 @@ struct NiahOptions {
     KVLAB_CHECK(!spec.needle.empty(), "--needle must not be empty (the sentence hidden in the haystack)");
     KVLAB_CHECK(!spec.question.empty(), "--question must not be empty (the retrieval question)");
     // --lengths and --depths name each value once: Command::resolve checks every list flag.
-    task_branches(common, /*need_files=*/false);
+    plan_task(common, /*need_files=*/false);
   }
 };
 
@@ -75,7 +75,7 @@ std::string grid_text(const NiahOptions& o, const nlohmann::json& scores) {
 }
 
 void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
-  const auto branches = task_branches(o.common);
+  const TaskPlan plan = plan_task(o.common);
   const std::string haystack = read_haystack(o.haystack_dir);
   auto tm = load_task_model(o.common);
   const auto& c = o.common;
@@ -108,10 +108,10 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
       records.push_back(std::move(r));
     }
 
-  TaskRun tr = open_task_run(c, *tm, effective, branches);
+  TaskRun tr = open_task_run(c, *tm, effective, plan);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
-  run_task_dataset(c, *tm, tr, TaskSpec{"niah", niah_score}, records, branches, rows, /*last=*/true);
+  run_task_dataset(c, *tm, tr, TaskSpec{"niah", niah_score}, records, plan, rows, /*last=*/true);
   std::vector<NiahPanel> panels;
   for (const auto& row : rows) panels.push_back({row["branch"].get<std::string>(), row["record_scores"]});
   write_text_atomic(run.file("heatmap.svg"),
@@ -119,7 +119,7 @@ void run_niah(const NiahOptions& o, const nlohmann::json& effective) {
                                      fmt::format("Needle in a haystack: {}", tm->model.id)));
   for (const auto& row : rows)
     std::cout << row["branch"].get<std::string>() << " (score: needle found)\n" << grid_text(o, row["record_scores"]) << "\n";
-  std::cout << task_table_header(c) << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "entries_start", "entries_peak", "mem",
+  std::cout << task_table_header(c, plan) << render_table(rows, {"branch", "n", "score", "same_as_exact", "rougeL_vs_exact", "entries_start", "entries_peak", "mem",
                                    "seconds_per_record"});
   fmt::print(stderr, "[niah] wrote {}, {} and {}\n", run.file("result.json"), run.file("heatmap.svg"),
              run.file("pred/"));

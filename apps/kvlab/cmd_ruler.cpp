@@ -79,13 +79,13 @@ struct RulerOptions {
     KVLAB_CHECK(have <= 0 || need <= have / 2, "--samples {}: {} samples of {} tokens need about {:.1f} GB at once "
                 "({} bytes a token), more than half this machine's {:.1f} GB; lower --samples or the length",
                 samples, samples, longest, need / 1e9, kSampleBytesPerToken, have / 1e9);
-    task_branches(common, /*need_files=*/false);
+    plan_task(common, /*need_files=*/false);
   }
 };
 
 void run_ruler(const RulerOptions& o, const json& effective) {
   const auto& c = o.common;
-  const auto branches = task_branches(c);
+  const TaskPlan plan = plan_task(c);
   const auto tasks = parse_ruler_tasks(o.tasks);
   const bool essay = std::any_of(tasks.begin(), tasks.end(), [](const RulerTask& t) { return t.haystack == "essay"; });
   const std::string words = shipped_file(o.words);  // the working directory's, else kvlab's tree's
@@ -105,7 +105,7 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   };
   count.text = [&](const std::string& text) { return int64_t(tm->tok.encode(text, /*add_bos=*/false).size()); };
 
-  TaskRun tr = open_task_run(c, *tm, effective, branches);
+  TaskRun tr = open_task_run(c, *tm, effective, plan);
   const RunDir& run = tr.run;
   json rows = json::array();
   for (size_t li = 0; li < o.lengths.size(); ++li)
@@ -138,7 +138,7 @@ void run_ruler(const RulerOptions& o, const json& effective) {
         continue;
       }
       const size_t before = rows.size();
-      run_task_dataset(c, *tm, tr, TaskSpec{dataset, ruler_score}, records, branches, rows,
+      run_task_dataset(c, *tm, tr, TaskSpec{dataset, ruler_score}, records, plan, rows,
                        li + 1 == o.lengths.size() && ti + 1 == tasks.size());
       for (size_t k = before; k < rows.size(); ++k) ruler_tag_row(rows[k], t.name, L);
     }
@@ -149,7 +149,7 @@ void run_ruler(const RulerOptions& o, const json& effective) {
   }
   const json table = ruler_score_table(rows);
   tr.write(rows, {{"complete", true}, {"ruler", table}});
-  std::cout << task_table_header(c) << "RULER (string_match_all x 100)\n"
+  std::cout << task_table_header(c, plan) << "RULER (string_match_all x 100)\n"
             << render_table(table, ruler_table_columns(table)) << "\nFidelity to the full cache\n"
             << render_table(rows, {"branch", "dataset", "n", "score", "same_as_exact", "rougeL_vs_exact",
                                    "entries_start", "entries_peak", "mem", "seconds_per_record"});

@@ -42,13 +42,13 @@ struct SummarizeOptions {
     KVLAB_CHECK(samples == -1 || samples >= 1, "--samples must be >= 1 (or -1 = all), got {}", samples);
     KVLAB_CHECK(max_new_tokens >= 0, "--max-new-tokens must be >= 0 (0 = the record's max_tokens), got {}",
                 max_new_tokens);
-    task_branches(common, /*need_files=*/false);
+    plan_task(common, /*need_files=*/false);
   }
 };
 
 void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
   const auto& c = o.common;
-  const auto branches = task_branches(c);
+  const TaskPlan plan = plan_task(c);
   KVLAB_CHECK(std::filesystem::is_regular_file(o.data), "--data {}: no such file (XSUM records, jsonl)", o.data);
   DatasetOptions dopt;
   dopt.max_samples = o.samples;
@@ -64,11 +64,11 @@ void run_summarize(const SummarizeOptions& o, const nlohmann::json& effective) {
                 rec.line, r.prompt.size(), r.max_new_tokens, tm->model.id, tm->context);
     records.push_back(std::move(r));
   }
-  TaskRun tr = open_task_run(c, *tm, effective, branches);
+  TaskRun tr = open_task_run(c, *tm, effective, plan);
   const RunDir& run = tr.run;
   nlohmann::json rows = nlohmann::json::array();
-  run_task_dataset(c, *tm, tr, summarize_task(o.stemmer, dataset), records, branches, rows, /*last=*/true);
-  std::cout << task_table_header(c) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
+  run_task_dataset(c, *tm, tr, summarize_task(o.stemmer, dataset), records, plan, rows, /*last=*/true);
+  std::cout << task_table_header(c, plan) << "ROUGE F1 x100 against the reference summaries; fidelity to the full cache\n"
             << render_table(rows, {"branch", "n", "rouge1", "rouge2", "rougeL", "same_as_exact", "rougeL_vs_exact",
                                    "entries_start", "entries_peak", "mem", "seconds_per_record"});
   fmt::print(stderr, "[summarize] wrote {} and {}\n", run.file("result.json"), run.file("pred/"));

@@ -48,23 +48,23 @@ void TaskCommonOptions::fields(FieldList& f) {
         "outputs; for comparison)");
 }
 
-std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_files) {
+TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
-  parse_shard(o.shard);  // a bad --shard fails before the model loads
+  TaskPlan plan;
+  std::tie(plan.shard_i, plan.shard_n) = parse_shard(o.shard);
+  plan.protocol = parse_task_protocol(o.protocol, o.decode_rule);
   KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
               o.keep_first, o.keep_last);
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
-  parse_task_protocol(o.protocol, o.decode_rule);  // bad values fail before the model loads
   auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
-  check_quantized_methods(methods, parse_task_protocol(o.protocol, o.decode_rule).streams(),
-                          "--decode-rule prefill");
+  check_quantized_methods(methods, plan.protocol.streams(), "--decode-rule prefill");
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   check_observation_queries(compressors, o.obs_queries);  // a window above --obs-queries fails before the model loads
   std::vector<Budget> budgets;
   if (methods.size() > 1) budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
-  std::vector<TaskBranch> branches;
+  std::vector<TaskBranch>& branches = plan.branches;
   for (const auto& m : methods) {
     if (m.full_cache()) {
       branches.insert(branches.begin(), {"exact", m, Budget::of_ratio(1.0)});
@@ -76,7 +76,7 @@ std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_file
     }
     for (const auto& b : budgets) branches.push_back({task_branch_label(m, b), m, b});
   }
-  return branches;
+  return plan;
 }
 
 std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o) {
@@ -109,7 +109,8 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
 }
 
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective,
-                      const std::vector<TaskBranch>& branches) {
+                      const TaskPlan& plan) {
+  const std::vector<TaskBranch>& branches = plan.branches;
   TaskRun tr{o.open_run(effective),
              context_block(o.device, static_cast<uint64_t>(o.seed), effective)};
   // --overwrite replaces another config's results: its branches this run does not have go now
@@ -123,7 +124,7 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
       }
     }
   tr.ctx["model_id"] = tm.model.id;
-  tr.ctx["protocol"] = parse_task_protocol(o.protocol, o.decode_rule).to_json();
+  tr.ctx["protocol"] = plan.protocol.to_json();
   tr.ctx["preset"] = o.preset;
   // The binaries that wrote this folder's predictions before (a resumed run, or --overwrite, which
   // reuses the lines still valid) stay named: result.json is rewritten with them now, before any
@@ -147,11 +148,11 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
   return tr;
 }
 
-std::string task_table_header(const TaskCommonOptions& o) {
+std::string task_table_header(const TaskCommonOptions& o, const TaskPlan& plan) {
   return fmt::format("# preset {}; {}\n# entries_start / entries_peak: live entries per (layer, KV head) right after "
                      "compression / the most held (own generated tokens included); mem *: entries_start more than "
                      "1% from the median of its setting\n",
-                     o.preset, parse_task_protocol(o.protocol, o.decode_rule).line());
+                     o.preset, plan.protocol.line());
 }
 
 void remove_other_datasets(const TaskCommonOptions& o, const TaskRun& tr) {
@@ -165,8 +166,8 @@ void remove_other_datasets(const TaskCommonOptions& o, const TaskRun& tr) {
 }
 
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, TaskRun& tr, const TaskSpec& task,
-                                const std::vector<TaskRecord>& records,
-                                const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last) {
+                                const std::vector<TaskRecord>& records, const TaskPlan& plan, nlohmann::json& rows,
+                                bool last) {
   TaskOptions to;
   to.pred_dir = tr.run.file("pred");
   to.seed = static_cast<uint64_t>(o.seed);
@@ -174,14 +175,13 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.keep_first = o.keep_first;
   to.keep_last = o.keep_last;
   to.batch = !o.no_batch;
-  to.protocol = parse_task_protocol(o.protocol, o.decode_rule);
+  to.protocol = plan.protocol;
   to.reconstruction_templated = reconstruction_prompt(tm.tok, resolve_model_chat_template(o.chat_template, tm.src, tm.tok));
   to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
   if (o.kept_out) to.kept_dir = tr.run.file("kept");
-  const auto [shard_i, shard_n] = parse_shard(o.shard);
   std::vector<TaskRecord> mine;
   for (size_t k = 0; k < records.size(); ++k)
-    if (int(k % size_t(shard_n)) == shard_i) mine.push_back(records[k]);
+    if (int(k % size_t(plan.shard_n)) == plan.shard_i) mine.push_back(records[k]);
   Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note, bool resumed) {
     resumed ? progress.skip(1, note) : progress.advance(1, note);
@@ -193,7 +193,7 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
     tr.computed = true;  // from now on this binary's run: say so, and that it is not complete yet
     if (tr.kept_ctx) tr.write(rows, {{"complete", false}});
   };
-  nlohmann::json got = run_task(tm.model, tm.tok, task, mine, branches, to);
+  nlohmann::json got = run_task(tm.model, tm.tok, task, mine, plan.branches, to);
   for (auto& row : got) rows.push_back(row);
   progress.finish();
   tr.datasets.insert(task.dataset);

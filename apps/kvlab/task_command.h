@@ -49,10 +49,18 @@ struct TaskCommonOptions : RunFolderOptions {
   void fields(FieldList& f);
 };
 
-// exact first, then every (method, budget); exact is added when --method lacks it. With
-// `need_files` false (check() before a dry run), a method whose calibration file is not made yet
-// is left out (compress/method_spec.h).
-std::vector<TaskBranch> task_branches(const TaskCommonOptions& o, bool need_files = true);
+// What a task command's flags mean, parsed and checked once, before the model loads (issue 49:
+// the protocol was parsed from its strings in four places).
+struct TaskPlan {
+  // exact first, then every (method, budget); exact is added when --method lacks it.
+  std::vector<TaskBranch> branches;
+  TaskProtocol protocol;  // --protocol, --decode-rule
+  int shard_i = 0;        // --shard i/N: records i, i+N, ... of each dataset
+  int shard_n = 1;
+};
+// With `need_files` false (check() before a dry run), a method whose calibration file is not made
+// yet is left out (compress/method_spec.h).
+TaskPlan plan_task(const TaskCommonOptions& o, bool need_files = true);
 
 struct TaskModel {
   ModelSource src;
@@ -94,7 +102,7 @@ nlohmann::json earlier_runs(const nlohmann::json& prev, const nlohmann::json& no
 // results, which an eval of the folder would score beside this run's), and when the last dataset
 // has run, its prediction files of datasets this run did not write.
 TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlohmann::json& effective,
-                      const std::vector<TaskBranch>& branches);
+                      const TaskPlan& plan);
 
 // With --overwrite: removes pred/<branch>/<dataset>.jsonl of every dataset not in tr.datasets (another
 // config's). run_task_dataset calls it after the last dataset; a command that never passes `last`
@@ -102,14 +110,14 @@ TaskRun open_task_run(const TaskCommonOptions& o, const TaskModel& tm, const nlo
 void remove_other_datasets(const TaskCommonOptions& o, const TaskRun& tr);
 
 // The lines above a task table: the protocol (tasks/protocol.h) and preset, and what "mem *" means.
-std::string task_table_header(const TaskCommonOptions& o);
+std::string task_table_header(const TaskCommonOptions& o, const TaskPlan& plan);
 
 // Runs one dataset's records through the branches with a progress line, then rewrites
 // result.json with every row so far (`complete` when this was the last dataset; over a complete run
 // with nothing decoded yet, only the last dataset writes, under the kept context).
 nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm, TaskRun& tr, const TaskSpec& task,
-                                const std::vector<TaskRecord>& records,
-                                const std::vector<TaskBranch>& branches, nlohmann::json& rows, bool last);
+                                const std::vector<TaskRecord>& records, const TaskPlan& plan, nlohmann::json& rows,
+                                bool last);
 
 // The branch folders of a task run's pred/ (`pred_dir`): exact first (the fidelity reference), then
 // by name. For the eval subcommands (longbench eval, ruler eval).
