@@ -477,22 +477,18 @@ def clusterability():
     """Keys vs values, per prompt: values' minus keys' r(16)/diameter (and r(16)/r(1)), averaged over
     the 5 layers x 3 KV heads of each prompt; > 0 = keys more clusterable (the papers' claim)."""
     print("== SubGen Fig. 1 / ClusterGen Fig. 1: keys vs values on prefill keys (20 multi_news prompts) ==")
-    rows = json.load(open(CLUSTERABILITY))["rows"]
-    for metric in ("r16_over_diam", "r16_over_r1"):
-        per = defaultdict(lambda: defaultdict(list))
-        for r in rows:
-            per[r["sample"]][r["kind"]].append(r[metric])
-        d = [mean(per[s]["values"]) - mean(per[s]["keys"]) for s in sorted(per)]
-        show("SG-F1/CG-F1", f"values - keys, {metric}", paired(d), sign=+1, nd=3)
-    if CLUSTERABILITY_GEN:
-        print("  -- the keys of 1,024 generated tokens (20 MT-Bench questions, dump --generate; the paper's setting):")
-        rows = json.load(open(CLUSTERABILITY_GEN))["rows"]
+    def keys_vs_values(path, row):
+        rows = json.load(open(path))["rows"]
         for metric in ("r16_over_diam", "r16_over_r1"):
             per = defaultdict(lambda: defaultdict(list))
             for r in rows:
                 per[r["sample"]][r["kind"]].append(r[metric])
             d = [mean(per[s]["values"]) - mean(per[s]["keys"]) for s in sorted(per)]
-            show("SG-F1 gen", f"values - keys, {metric}", paired(d), sign=+1, nd=3)
+            show(row, f"values - keys, {metric}", paired(d), sign=+1, nd=3)
+    keys_vs_values(CLUSTERABILITY, "SG-F1/CG-F1")
+    if CLUSTERABILITY_GEN:
+        print("  -- the keys of 1,024 generated tokens (20 MT-Bench questions, dump --generate; the paper's setting):")
+        keys_vs_values(CLUSTERABILITY_GEN, "SG-F1 gen")
     qn = json.load(open(CLUSTERABILITY))["query_norms"]
     print("  CG-T1        mean |q| per layer [95% CI] (committed): " +
           "; ".join(f"L{q['layer']} {q['mean']:.2f} [{q['ci95_low']:.2f}, {q['ci95_high']:.2f}] slope/1k {q['trend']['slope_per_1k_tokens']:+.2f}"

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "kvlab/attention/rope.h"
 #include "kvlab/cache/rerotation.h"
@@ -30,6 +31,26 @@ namespace {
 // x [H, n, d] rotated to position p (one position for every row).
 at::Tensor at_position(const at::Tensor& x, int64_t p, const at::Tensor& inv_freq) {
   return rotate_by(x, at::full({x.size(0), x.size(1)}, p, at::kLong), inv_freq);
+}
+
+// Each entry's rank among a head's held positions (its slot in the official codes' cache). pos [m].
+std::vector<int64_t> slots(const at::Tensor& pos) {
+  const auto p = pos.contiguous();
+  std::vector<int64_t> v(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel()), order(v);
+  std::sort(order.begin(), order.end());
+  std::vector<int64_t> out;
+  for (int64_t x : v) out.push_back(std::lower_bound(order.begin(), order.end(), x) - order.begin());
+  return out;
+}
+
+// stories260K, or nothing (the test then says it skipped).
+std::optional<Model> stories260k() {
+  const std::string dir = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(dir + "/model.safetensors")) {
+    MESSAGE("skipped: " << dir << " not found (set KVLAB_SHARED)");
+    return std::nullopt;
+  }
+  return load_model(dir);
 }
 
 }  // namespace
@@ -63,12 +84,11 @@ TEST_CASE("rerotation: held keys sit at their cache slots, as the official codes
         auto pos = held.pos.contiguous();  // [Hkv, m]
         const at::Tensor q_true = at_position(qraw, t, inv_freq), q_slot = at_position(qraw, m_before, inv_freq);
         for (int64_t h = 0; h < h_kv; ++h) {
-          std::vector<int64_t> p(pos[h].data_ptr<int64_t>(), pos[h].data_ptr<int64_t>() + m);
-          std::vector<int64_t> order(p.begin(), p.end());
-          std::sort(order.begin(), order.end());
+          const auto slot_of = slots(pos[h]);
+          const int64_t* p = pos[h].data_ptr<int64_t>();
           for (int64_t j = 0; j < m; ++j) {
-            const int64_t slot = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
-            const at::Tensor official = at_position(raw_k[p[size_t(j)]].select(0, h).unsqueeze(0), slot, inv_freq);
+            const int64_t slot = slot_of[size_t(j)];
+            const at::Tensor official = at_position(raw_k[p[j]].select(0, h).unsqueeze(0), slot, inv_freq);
             const at::Tensor ours = held.keys.select(0, h).narrow(0, j, 1).unsqueeze(0);  // [1, 1, d]
             // Query head 2h (its KV group's first): logits against the key, ours vs the official.
             const double l_ours = (q_true.select(0, 2 * h) * ours.view({1, d})).sum().item<double>();
@@ -86,14 +106,12 @@ TEST_CASE("rerotation: held keys sit at their cache slots, as the official codes
         auto pos2 = after.pos.contiguous();
         const auto where = rr.positions(*stream);
         for (int64_t h = 0; h < h_kv; ++h) {
-          std::vector<int64_t> p(pos2[h].data_ptr<int64_t>(), pos2[h].data_ptr<int64_t>() + m2);
-          std::vector<int64_t> order(p.begin(), p.end());
-          std::sort(order.begin(), order.end());
+          const auto slot_of = slots(pos2[h]);
+          const int64_t* p = pos2[h].data_ptr<int64_t>();
           for (int64_t j = 0; j < m2; ++j) {
-            const int64_t rank = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
-            const int64_t target = t - (m2 - 1 - rank);
+            const int64_t target = t - (m2 - 1 - slot_of[size_t(j)]);
             CHECK(where[size_t(h)][size_t(j)] == target);
-            const at::Tensor want = at_position(raw_k[p[size_t(j)]].select(0, h).unsqueeze(0), target, inv_freq);
+            const at::Tensor want = at_position(raw_k[p[j]].select(0, h).unsqueeze(0), target, inv_freq);
             const at::Tensor got = after.keys.select(0, h).narrow(0, j, 1).unsqueeze(0);
             CHECK(at::allclose(got, want, 1e-4, 1e-4));
           }
@@ -106,13 +124,10 @@ TEST_CASE("rerotation: held keys sit at their cache slots, as the official codes
 }
 
 TEST_CASE("rerotation: without eviction ppl is unchanged; with it ppl moves; a method that cannot is refused") {
-  const std::string dir = test::shared_dir() + "/models/stories260K";
-  if (!fs::exists(dir + "/model.safetensors")) {
-    MESSAGE("skipped: " << dir << " not found (set KVLAB_SHARED)");
-    return;
-  }
   c10::InferenceMode guard;
-  Model model = load_model(dir);
+  auto loaded = stories260k();
+  if (!loaded) return;
+  const Model& model = *loaded;
   std::vector<int64_t> tokens;
   for (int64_t i = 0; i < 80; ++i) tokens.push_back(1 + (i * 37 + i * i) % 500);
   for (const std::string name : {"streaming_llm", "h2o", "buzz"}) {
@@ -139,13 +154,10 @@ TEST_CASE("rerotation: without eviction ppl is unchanged; with it ppl moves; a m
 }
 
 TEST_CASE("rerotation in generation: after k steps each held key is its key as cached, rotated once to its slot") {
-  const std::string dir = test::shared_dir() + "/models/stories260K";
-  if (!fs::exists(dir + "/model.safetensors")) {
-    MESSAGE("skipped: " << dir << " not found (set KVLAB_SHARED)");
-    return;
-  }
   c10::InferenceMode guard;
-  Model model = load_model(dir);
+  auto loaded = stories260k();
+  if (!loaded) return;
+  const Model& model = *loaded;
   const int n_layers = int(model.config.n_layers);
   std::vector<int64_t> prompt;
   for (int64_t i = 0; i < 40; ++i) prompt.push_back(1 + (i * 53 + 7 * i * i) % 500);
@@ -181,14 +193,12 @@ TEST_CASE("rerotation in generation: after k steps each held key is its key as c
       const at::Tensor inv_freq = model.layer_inv_freq(l);
       auto pos = held[size_t(l)].pos.contiguous();
       for (int64_t h = 0; h < pos.size(0); ++h) {
-        std::vector<int64_t> p(pos[h].data_ptr<int64_t>(), pos[h].data_ptr<int64_t>() + pos.size(1));
-        std::vector<int64_t> order(p);
-        std::sort(order.begin(), order.end());
-        const int64_t m2 = int64_t(p.size());
+        const auto slot_of = slots(pos[h]);
+        const int64_t* p = pos[h].data_ptr<int64_t>();
+        const int64_t m2 = pos.size(1);
         CHECK(m2 < n + steps);  // evicted: keys really moved
         for (int64_t j = 0; j < m2; ++j) {
-          const int64_t rank = std::lower_bound(order.begin(), order.end(), p[size_t(j)]) - order.begin();
-          const int64_t target = last - (m2 - 1 - rank), q = p[size_t(j)];
+          const int64_t target = last - (m2 - 1 - slot_of[size_t(j)]), q = p[j];
           const at::Tensor cached = q < n ? pre.k[size_t(l)].select(0, h).narrow(0, q, 1)
                                           : tap.k[size_t(l)][size_t(q - n)].select(0, h);  // [1, d]
           const at::Tensor want = rotate_by(cached.unsqueeze(0), at::full({1, 1}, target - q, at::kLong), inv_freq);
