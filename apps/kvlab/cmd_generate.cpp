@@ -96,8 +96,9 @@ struct GenerateCmdOptions {
                                 "(default: all in one batch, printed when done; the same outputs)");
     f.add("prefill_only", prefill_only, "streaming methods too compress once after prefill and append decoded "
                                         "tokens exactly (default: they keep compressing while decoding)");
-    f.add("rerotate", rerotate, "streaming methods' held keys moved to contiguous positions after every token, as "
-                                "StreamingLLM's and BUZZ's code (default: keys keep their cached positions)");
+    f.add("rerotate", rerotate, "kept keys moved to contiguous positions after compression (kvpress's "
+                                "KeyRerotationPress) and, for streaming methods, after every token (StreamingLLM's and "
+                                "BUZZ's code); default: keys keep their cached positions");
   }
 };
 
@@ -253,8 +254,6 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
     methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
     check_quantized_methods(methods, !o.prefill_only, "--prefill-only");
-    KVLAB_CHECK(!(o.rerotate && o.prefill_only), "--rerotate moves the keys of methods that compress while decoding; "
-                "--prefill-only stops them: give one of the two");
     for (const auto& m : methods)
       KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !compressor_info(m.name).streaming,
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "

@@ -30,8 +30,8 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("protocol", protocol, "whole (the prompt prefilled, then compressed) | context (the context compressed, the "
         "question fed through the compressed cache: kvpress's)");
   f.add("decode_rule", decode_rule, "prefill (every method compresses once; later tokens appended: equal memory) | "
-        "stream (streaming methods keep compressing while decoding) | rerotate (as stream, their held keys moved to "
-        "contiguous positions after every token, as StreamingLLM's and BUZZ's code)");
+        "stream (streaming methods keep compressing while decoding) | rerotate (as stream, kept keys moved to "
+        "contiguous positions after compression and, for streaming methods, after every token)");
   f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
         "<run>/kept/<dataset>/<record>.json");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");

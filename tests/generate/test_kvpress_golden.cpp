@@ -57,6 +57,7 @@
 #include "kvlab/generate/branches.h"
 #include "kvlab/generate/reconstruction.h"
 #include "kvlab/model/model.h"
+#include "kvlab/cache/rerotation.h"
 #include "kvlab/model/model_tokenizer.h"
 #include "test_util.h"
 
@@ -255,6 +256,42 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   CHECK(worst_compactor < 5e-4);  // measured 1.4e-4
   MESSAGE("expected_attention scores: largest relative difference from kvpress " << worst_ea
           << "; compactor z-scores: largest absolute difference " << worst_compactor);
+  // One prompt's layers compressed by kvlab's `c` at the golden's per-head counts.
+  auto compress_all = [&](const Compressor& c, const json& r) {
+    const auto& ids = prompt_ids.at(r["prompt"].get<std::string>());
+    const int64_t n = static_cast<int64_t>(ids.size());
+    std::vector<CompressedLayer> layers;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const auto& t = taps.at(r["prompt"].get<std::string>()).got.at(l);  // q [Hq, n, d], k, v [Hkv, n, d]
+      // ScorerPress keeps b per head; AdaKVPress b·H in the layer, shared unevenly.
+      int64_t total = 0;
+      for (int64_t h = 0; h < h_kv; ++h) total += r["n_kept"][l][h].get<int64_t>();
+      REQUIRE(total % h_kv == 0);
+      const int64_t w = c.observation_queries() < 0 ? n : std::min<int64_t>(n, c.observation_queries());
+      CompressOptions co;
+      co.budget = Budget::of_entries(total / h_kv);
+      Context context;
+      context.provide(inputs::rope_inv_freq, model.inv_freq);
+      context.provide(inputs::out_proj, model.weights.layers[l].wo);
+      layers.push_back(compress_layer(c, co, t[1], t[2], w > 0 ? t[0].narrow(1, n - w, w) : at::Tensor(), 0, 0,
+                                      static_cast<int>(l), static_cast<int>(n_layers), nullptr, false, false, context));
+    }
+    return layers;
+  };
+  // Greedy: the first token from the exact prefill, then decoding through the compressed cache at
+  // positions n, n+1, ... (up to `want` tokens, stopping after EOS).
+  auto greedy = [&](std::vector<CompressedLayer> layers, const std::string& prompt, size_t want) {
+    const int64_t n = static_cast<int64_t>(prompt_ids.at(prompt).size());
+    CompressedAttention attn(std::move(layers));
+    std::vector<int64_t> out = {first_token.at(prompt)};
+    const auto& eos = model.config.eos_token_ids;
+    while (out.size() < want && std::find(eos.begin(), eos.end(), out.back()) == eos.end()) {
+      at::Tensor logits = forward(model, at::tensor(std::vector<int64_t>{out.back()}, at::kLong),
+                                  n + static_cast<int64_t>(out.size()) - 1, attn);
+      out.push_back(logits[0].argmax().item<int64_t>());
+    }
+    return out;
+  };
   std::set<std::string> skipped;
   int compared_sets = 0, compared_greedy = 0;
   for (const auto& config : g["configs"]) {
@@ -270,31 +307,15 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
     for (const auto& r : config["results"]) {
       const std::string prompt = r["prompt"];
       INFO(config["name"].get<std::string>() << " on " << prompt << " as kvlab " << method << " " << params.dump());
-      const auto& ids = prompt_ids.at(prompt);
-      const int64_t n = static_cast<int64_t>(ids.size());
+      const int64_t n = static_cast<int64_t>(prompt_ids.at(prompt).size());
       REQUIRE(r["n"].get<int64_t>() == n);
-      std::vector<CompressedLayer> layers;
+      std::vector<CompressedLayer> layers = compress_all(*c, r);
       for (int64_t l = 0; l < n_layers; ++l) {
-        const auto& t = taps.at(prompt).got.at(l);  // q [Hq, n, d], k, v [Hkv, n, d]
-        // ScorerPress keeps b per head; AdaKVPress b·H in the layer, shared unevenly.
-        int64_t total = 0;
-        for (int64_t h = 0; h < h_kv; ++h) total += r["n_kept"][l][h].get<int64_t>();
-        REQUIRE(total % h_kv == 0);
-        const int64_t b = total / h_kv;
         if (method != "adakv" && method != "criticaladakv")
-          for (int64_t h = 0; h < h_kv; ++h) REQUIRE(r["n_kept"][l][h].get<int64_t>() == b);
-        const int64_t w = c->observation_queries() < 0 ? n : std::min<int64_t>(n, c->observation_queries());
-        CompressOptions co;
-        co.budget = Budget::of_entries(b);
-        Context context;
-        context.provide(inputs::rope_inv_freq, model.inv_freq);
-        context.provide(inputs::out_proj, model.weights.layers[l].wo);
-        CompressedLayer cl = compress_layer(*c, co, t[1], t[2], w > 0 ? t[0].narrow(1, n - w, w) : at::Tensor(), 0, 0,
-                                            static_cast<int>(l), static_cast<int>(n_layers), nullptr, false, false,
-                                            context);
+          for (int64_t h = 0; h < h_kv; ++h) REQUIRE(r["n_kept"][l][h].get<int64_t>() == r["n_kept"][l][0].get<int64_t>());
         for (int64_t h = 0; h < h_kv; ++h) {
           std::set<int64_t> mine;
-          const json kept = cl.kept(h);  // (a temporary's ["positions"] would dangle in the loop)
+          const json kept = layers[size_t(l)].kept(h);  // (a temporary's ["positions"] would dangle in the loop)
           for (const auto& p : kept["positions"]) mine.insert(p.get<int64_t>());
           const std::set<int64_t> theirs = kept_positions(r["kept"][l][h].get<std::string>());
           std::set<int64_t> band;
@@ -307,26 +328,47 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           CHECK(differ.empty());
           CHECK(mine.size() == theirs.size());
         }
-        layers.push_back(std::move(cl));
       }
       ++compared_sets;
       if (r["n_ambiguous_heads"].get<int64_t>() > 0) continue;  // a tie may pick another token
-      // Greedy: the first token from the exact prefill, then decoding through the compressed cache.
-      CompressedAttention attn(std::move(layers));
-      std::vector<int64_t> out = {first_token.at(prompt)};
-      const auto& eos = model.config.eos_token_ids;
-      const size_t want = r["greedy_ids"].size();
-      while (out.size() < want && std::find(eos.begin(), eos.end(), out.back()) == eos.end()) {
-        at::Tensor logits = forward(model, at::tensor(std::vector<int64_t>{out.back()}, at::kLong),
-                                    n + static_cast<int64_t>(out.size()) - 1, attn);
-        out.push_back(logits[0].argmax().item<int64_t>());
-      }
-      CHECK(out == r["greedy_ids"].get<std::vector<int64_t>>());
+      CHECK(greedy(std::move(layers), prompt, r["greedy_ids"].size()) == r["greedy_ids"].get<std::vector<int64_t>>());
       ++compared_greedy;
     }
   }
-  MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets and " << compared_greedy
-                             << " greedy continuations compared; not in kvlab yet: "
+  // KeyRerotationPress (data_scripts/make_kvpress_rerotation_golden.py): the inner press's kept sets
+  // (compared above), the kept keys moved to contiguous positions (rerotate_kept), then decoding:
+  // kvlab's greedy ids equal kvpress's, and re-rotation changes at least one continuation.
+  const json rg = read_json_file(test::fixtures_dir() + "/kvpress_golden/rerotation_smollm2.json");
+  REQUIRE(rg["model"]["gguf_sha256"] == g["model"]["gguf_sha256"]);
+  int compared_rerotated = 0, changed_by_rerotation = 0;
+  for (const auto& rc : rg["configs"]) {
+    const json* inner = nullptr;
+    for (const auto& config : g["configs"])
+      if (config["name"] == rc["inner"]) inner = &config;
+    REQUIRE(inner != nullptr);
+    const auto [method, params] = kvlab_method(*inner);
+    auto c = make_compressor(method, params);
+    for (const auto& rr : rc["results"]) {
+      const json* r = nullptr;
+      for (const auto& x : (*inner)["results"])
+        if (x["prompt"] == rr["prompt"]) r = &x;
+      REQUIRE(r != nullptr);
+      INFO(rc["name"].get<std::string>() << " on " << rr["prompt"].get<std::string>() << " as kvlab " << method
+                                         << " with rerotate_kept");
+      if ((*r)["n_ambiguous_heads"].get<int64_t>() > 0) continue;
+      std::vector<CompressedLayer> layers = compress_all(*c, *r);
+      for (auto& l : layers) rerotate_kept(l, model.inv_freq, method);
+      const auto want = rr["greedy_ids"].get<std::vector<int64_t>>();
+      CHECK(greedy(std::move(layers), rr["prompt"], want.size()) == want);
+      ++compared_rerotated;
+      if (want != (*r)["greedy_ids"].get<std::vector<int64_t>>()) ++changed_by_rerotation;
+    }
+  }
+  CHECK(compared_rerotated >= 3);  // of 8: the others have a tie at some cut (skipped, as above)
+  CHECK(changed_by_rerotation >= 1);
+  MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets, " << compared_greedy
+                             << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
+                             << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
   CHECK(compared_sets == 72);  // 18 presses x 2 ratios x 2 prompts
 }

@@ -227,3 +227,66 @@ TEST_CASE("rerotation in generation: after k steps each held key is its key as c
   CHECK(message({tova, Budget::of_entries(16), 3, 0, 0, true, true, true}).find("tova keeps copies") !=
         std::string::npos);
 }
+
+TEST_CASE("rerotation after compression (KeyRerotationPress): kept keys contiguous up to the prompt's end, decoded ones as cached") {
+  c10::InferenceMode guard;
+  auto loaded = stories260k();
+  if (!loaded) return;
+  const Model& model = *loaded;
+  const int n_layers = int(model.config.n_layers);
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 48; ++i) prompt.push_back(1 + (i * 41 + 3 * i * i) % 500);
+  const int64_t n = int64_t(prompt.size()), steps = 6;
+  Prefill pre = run_prefill(model, prompt, 16);
+  for (const std::string name : {"snapkv", "knorm", "streaming_llm"}) {
+    INFO("method=" << name);
+    MethodSpec m;
+    m.name = name;
+    m.compressor = make_compressor(name, nlohmann::json::object());
+    struct Tap : QkvTap {
+      std::vector<std::vector<at::Tensor>> k;
+      explicit Tap(int l) : k(size_t(l)) {}
+      void on_qkv(int layer, const at::Tensor&, const at::Tensor& kk, const at::Tensor&) override {
+        k[size_t(layer)].push_back(kk.clone());
+      }
+    } tap(n_layers);
+    std::vector<KVSet> held;
+    std::vector<at::Tensor> origin;
+    BranchOptions bo;
+    bo.max_new_tokens = steps + 1;
+    bo.stop_at_eos = false;
+    bo.tap = &tap;
+    bo.on_done = [&](const CompressedAttention& a) {
+      for (int l = 0; l < n_layers; ++l) held.push_back(a.layer(l).num), origin.push_back(a.layer(l).origin.clone());
+    };
+    // --prefill-only: every method compresses once, streaming_llm too.
+    BranchSpec spec{m, Budget::of_ratio(0.5), 3, 2, 0, /*stream=*/false, /*count_whole=*/true, /*rerotate=*/true};
+    run_branch(model, pre, spec, bo);
+    REQUIRE(held.size() == size_t(n_layers));
+    for (int l = 0; l < n_layers; ++l) {
+      INFO("layer " << l);
+      const at::Tensor inv_freq = model.layer_inv_freq(l);
+      for (int64_t h = 0; h < held[size_t(l)].keys.size(0); ++h) {
+        const at::Tensor org = origin[size_t(l)][h].contiguous();
+        const int64_t* o = org.data_ptr<int64_t>();
+        const int64_t m_all = org.numel();
+        std::vector<int64_t> kept_pos;  // the prompt positions held, in order
+        for (int64_t j = 0; j < m_all; ++j)
+          if (o[j] < n) kept_pos.push_back(o[j]);
+        REQUIRE(int64_t(kept_pos.size()) < n);  // compressed: keys really moved
+        const auto slot_of = slots(at::tensor(kept_pos, at::kLong));
+        int64_t r = 0;
+        for (int64_t j = 0; j < m_all; ++j) {
+          const at::Tensor got = held[size_t(l)].keys.select(0, h).narrow(0, j, 1).unsqueeze(0);  // [1, 1, d]
+          if (o[j] < n) {
+            const int64_t target = (n - 1) - (int64_t(kept_pos.size()) - 1 - slot_of[size_t(r++)]);
+            const at::Tensor cached = pre.k[size_t(l)].select(0, h).narrow(0, o[j], 1).unsqueeze(0);
+            CHECK(at::allclose(got, rotate_by(cached, at::full({1, 1}, target - o[j], at::kLong), inv_freq), 1e-5, 1e-5));
+          } else {
+            CHECK(at::equal(got, tap.k[size_t(l)][size_t(o[j] - n)].select(0, h).unsqueeze(0)));  // decoded: as cached
+          }
+        }
+      }
+    }
+  }
+}

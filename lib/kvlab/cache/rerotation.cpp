@@ -4,9 +4,44 @@
 #include <limits>
 #include <numeric>
 
+#include "kvlab/attention/rope.h"
+#include "kvlab/cache/compressed_cache.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
+
+void rerotate_kept(CompressedLayer& l, const at::Tensor& inv_freq, const std::string& method) {
+  KVLAB_CHECK(!l.stream && !l.ragged() && !l.has_den() && l.window == 0,
+              "re-rotation after compression: {}: a layer that streams, is split by head, has a separate "
+              "denominator or slides is not moved here", method);
+  if (!l.num.keys.defined() || l.num.keys.size(1) == 0) return;
+  const auto origin = l.origin.to(at::kCPU, at::kLong).contiguous();   // [Hkv, m]
+  const auto bias = l.num.bias.to(at::kCPU, at::kDouble).contiguous();  // [Hkv, m]
+  const int64_t h_kv = origin.size(0), m = origin.size(1), last = l.n_positions - 1;
+  auto delta = at::zeros({h_kv, m}, at::kLong);  // [Hkv, m]
+  auto da = delta.accessor<int64_t, 2>();
+  bool moved = false;
+  for (int64_t h = 0; h < h_kv; ++h) {
+    const int64_t* o = origin.data_ptr<int64_t>() + h * m;
+    const double* b = bias.data_ptr<double>() + h * m;
+    std::vector<int64_t> live;
+    for (int64_t j = 0; j < m; ++j)
+      if (b[j] > -std::numeric_limits<double>::infinity()) {
+        KVLAB_CHECK(o[j] >= 0, "re-rotation: {} merges entries, which have no single position to move; it applies to "
+                    "methods that keep tokens one to one", method);
+        live.push_back(j);
+      }
+    std::sort(live.begin(), live.end(), [&](int64_t a, int64_t c) { return o[a] < o[c]; });
+    const int64_t n_live = int64_t(live.size());
+    for (int64_t r = 0; r < n_live; ++r) {
+      const int64_t j = live[size_t(r)];
+      da[h][j] = last - (n_live - 1 - r) - o[j];
+      moved = moved || da[h][j] != 0;
+    }
+  }
+  if (moved) l.num.keys = rotate_by(l.num.keys, delta.to(l.num.keys.device()), inv_freq);
+  l.live_count = -1;
+}
 
 int64_t Rerotation::at(size_t h, int64_t pos) const {
   return h < at_.size() && pos < int64_t(at_[h].size()) ? at_[h][size_t(pos)] : pos;

@@ -21,6 +21,15 @@
 
 namespace kvlab {
 
+struct CompressedLayer;
+
+// A method that compresses once (kvpress's KeyRerotationPress): right after compression the kept
+// keys of `l` (exact parts included) move to contiguous positions ending at the prompt's last
+// position, l.n_positions − 1, in the order of the positions they hold (l.origin); decoded tokens then
+// follow at their own positions, contiguous. Merged entries (origin −1) have no position to move:
+// an error naming `method`.
+void rerotate_kept(CompressedLayer& l, const at::Tensor& inv_freq, const std::string& method);
+
 class Rerotation {
  public:
   // inv_freq [head_dim / 2]: the layer's RoPE frequencies; `method` names the stream in errors.

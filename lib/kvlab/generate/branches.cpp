@@ -158,6 +158,8 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
                   "re-rotation (--decode-rule rerotate / --rerotate): {} keeps copies of its keys that cannot be "
                   "moved; it applies to streaming_llm, local, h2o and buzz", spec.method.name);
       cl.rerotation->apply(*cl.stream);  // the prompt's survivors, before the first decoded token attends
+    } else if (spec.rerotate && layers.back().window == 0) {
+      rerotate_kept(layers.back(), model.layer_inv_freq(l), spec.method.name);  // before it is stored quantized
     }
     const KVSet& held = layers.back().num;
     KVLAB_CHECK(!(spec.method.quant && spec.budget.kind == Budget::Kind::bytes && held.bias.defined() &&

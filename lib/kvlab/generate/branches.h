@@ -65,9 +65,10 @@ struct BranchSpec {
   bool stream = true;      // streaming methods keep compressing while decoding; false = --prefill-only
   // Equal memory counted whole (compressed_cache.h compress_layer): keep_first/keep_last inside the budget.
   bool count_whole = false;
-  // A streaming method's held keys move to contiguous positions after every token (cache/
-  // rerotation.h); methods that compress once are unaffected. Needs keep_first 0 and a method whose
-  // stream can move its keys (streaming_llm, local, h2o, buzz), else an error before decoding.
+  // Kept keys move to contiguous positions (cache/rerotation.h): a method that compresses once,
+  // right after compression (kvpress's KeyRerotationPress); a streaming method, after every token
+  // too (needs keep_first 0 and a stream that can move its keys: streaming_llm, local, h2o, buzz).
+  // Merged entries cannot move: an error before decoding.
   bool rerotate = false;
 };
 

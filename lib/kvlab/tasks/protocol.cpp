@@ -15,7 +15,8 @@ const char* decode_text(TaskProtocol::Decode d) {
     case TaskProtocol::Decode::stream:
       return "streaming methods keep r x tokens seen while decoding; the others append";
     case TaskProtocol::Decode::rerotate:
-      return "as stream, the streaming methods' keys re-rotated to contiguous positions after every token";
+      return "as stream, kept keys re-rotated to contiguous positions after compression and, for streaming "
+             "methods, after every token";
   }
   return "";
 }

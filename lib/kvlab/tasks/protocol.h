@@ -28,8 +28,9 @@ namespace kvlab {
 
 struct TaskProtocol {
   enum class Question { whole, context };
-  // rerotate: as stream, and the streaming methods' held keys move to contiguous positions after
-  // every token (cache/rerotation.h; StreamingLLM's and BUZZ's code).
+  // rerotate: as stream, and kept keys move to contiguous positions after compression (kvpress's
+  // KeyRerotationPress) and, for streaming methods, after every token (StreamingLLM's and BUZZ's
+  // code; cache/rerotation.h).
   enum class Decode { prefill, stream, rerotate };
   Question question = Question::whole;
   Decode decode = Decode::prefill;
