@@ -68,6 +68,8 @@ CLUSTERABILITY = glob.glob(R("subgen_fig1_clusterability", "*", "result.json"))[
 CLUSTERABILITY_GEN = (glob.glob(R("subgen_fig1_generated_clusterability", "*", "result.json")) or [None])[0]
 # configs/paper/buzz_table3.json v2 step 2: 20 segments, re-rotated (rows per segment)
 BUZZ_TABLE3_SEGMENTS = R("buzz_table3_segments", "run", "result.json")
+# step 3: H2O split as BUZZ's script sets it (heavy = T, recent = w), the same segments
+BUZZ_TABLE3_H2O_SPLIT = R("buzz_table3_segments_h2o_split", "run", "result.json")
 BUZZ_TABLEA = glob.glob(R("buzz_tableA", "*", "sweep_rows.jsonl"))[0]
 BUZZ_TABLE3 = glob.glob(R("buzz_table3", "*", "result.json"))[0]
 MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
@@ -583,6 +585,19 @@ def buzz_table3_segments():
         # is printed beside it, not tested: perplexity ratios are the model's as much as the method's.
         show(f"BUZZ-T3 N={n}", f"{base} - buzz (nll; paper {math.log(paper[n][base] / paper[n]['buzz']):+.3f})", c,
              sign=+1, nd=3)
+    if os.path.exists(BUZZ_TABLE3_H2O_SPLIT):
+        alt = json.load(open(BUZZ_TABLE3_H2O_SPLIT))
+        h2o = defaultdict(dict)
+        for r in alt["rows"]:
+            if r["method"] == "h2o":
+                h2o[r["cache_size"]][r["segment"]] = r["nll"]
+        done = sorted(h2o[50])
+        print(f"  -- H2O as BUZZ's script splits it (heavy = T, recent = w: 0.18 recent), {len(done)} segments "
+              f"({'complete' if alt.get('complete') else 'INCOMPLETE'}); Holm over these 2:")
+        fam = with_holm({n: paired([h2o[n][k] - nll[("buzz", n)][k] for k in sorted(h2o[n])]) for n in (50, 100)})
+        for n, c in fam.items():
+            print(f"  BUZZ-T3      N={n}: ppl h2o(0.18 recent) {math.exp(mean(list(h2o[n].values()))):.2f}")
+            show(f"BUZZ-T3 N={n}", "h2o(recent 0.18) - buzz (nll)", c, sign=+1, nd=3)
     print()
 
 
