@@ -66,6 +66,8 @@ BKV_FIG2_RELEASE = glob.glob(R("balancekv_fig2_release", "*", "aggregate_per_lay
 CLUSTERABILITY = glob.glob(R("subgen_fig1_clusterability", "*", "result.json"))[0]
 # configs/paper/subgen_fig1.json v3 step 6: the keys of 1,024 generated tokens (None until run)
 CLUSTERABILITY_GEN = (glob.glob(R("subgen_fig1_generated_clusterability", "*", "result.json")) or [None])[0]
+# v4 step 9: the same on Qwen2.5-Coder-0.5B (10 questions)
+CLUSTERABILITY_GEN_QWEN = (glob.glob(R("subgen_fig1_generated_qwen05_clusterability", "*", "result.json")) or [None])[0]
 # configs/paper/buzz_table3.json v2 step 2: 20 segments, re-rotated (rows per segment)
 BUZZ_TABLE3_SEGMENTS = R("buzz_table3_segments", "run", "result.json")
 # step 3: H2O split as BUZZ's script sets it (heavy = T, recent = w), the same segments
@@ -491,6 +493,9 @@ def clusterability():
     if CLUSTERABILITY_GEN:
         print("  -- the keys of 1,024 generated tokens (20 MT-Bench questions, dump --generate; the paper's setting):")
         keys_vs_values(CLUSTERABILITY_GEN, "SG-F1 gen")
+    if CLUSTERABILITY_GEN_QWEN:
+        print("  -- the same on Qwen2.5-Coder-0.5B-Instruct (10 MT-Bench questions):")
+        keys_vs_values(CLUSTERABILITY_GEN_QWEN, "SG-F1 qwen")
     qn = json.load(open(CLUSTERABILITY))["query_norms"]
     print("  CG-T1        mean |q| per layer [95% CI] (committed): " +
           "; ".join(f"L{q['layer']} {q['mean']:.2f} [{q['ci95_low']:.2f}, {q['ci95_high']:.2f}] slope/1k {q['trend']['slope_per_1k_tokens']:+.2f}"
