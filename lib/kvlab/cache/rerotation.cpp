@@ -10,6 +10,32 @@
 
 namespace kvlab {
 
+namespace {
+
+// One KV head's live entries (bias > −inf) in the order of their positions, each with the slot it
+// moves to: contiguous positions ending at `last` (the newest). pos [m] >= 0 for every live entry,
+// else an error naming `method` (`flag`: how the user asked for re-rotation).
+struct Slot {
+  int64_t entry, target;
+};
+std::vector<Slot> contiguous_slots(const int64_t* pos, const double* bias, int64_t m, int64_t last,
+                                   const std::string& method, const char* flag) {
+  std::vector<int64_t> live;
+  for (int64_t j = 0; j < m; ++j)
+    if (bias[j] > -std::numeric_limits<double>::infinity()) {
+      KVLAB_CHECK(pos[j] >= 0, "{}: {} holds merged entries, which have no single position to move; re-rotation "
+                  "applies to methods that keep tokens one to one", flag, method);
+      live.push_back(j);
+    }
+  std::sort(live.begin(), live.end(), [&](int64_t a, int64_t c) { return pos[a] < pos[c]; });
+  std::vector<Slot> out;
+  const int64_t n_live = int64_t(live.size());
+  for (int64_t r = 0; r < n_live; ++r) out.push_back({live[size_t(r)], last - (n_live - 1 - r)});
+  return out;
+}
+
+}  // namespace
+
 void rerotate_kept(CompressedLayer& l, const at::Tensor& inv_freq, const std::string& method) {
   KVLAB_CHECK(!l.stream && !l.ragged() && !l.has_den() && l.window == 0,
               "re-rotation after compression: {}: a layer that streams, is split by head, has a separate "
@@ -23,20 +49,9 @@ void rerotate_kept(CompressedLayer& l, const at::Tensor& inv_freq, const std::st
   bool moved = false;
   for (int64_t h = 0; h < h_kv; ++h) {
     const int64_t* o = origin.data_ptr<int64_t>() + h * m;
-    const double* b = bias.data_ptr<double>() + h * m;
-    std::vector<int64_t> live;
-    for (int64_t j = 0; j < m; ++j)
-      if (b[j] > -std::numeric_limits<double>::infinity()) {
-        KVLAB_CHECK(o[j] >= 0, "re-rotation: {} merges entries, which have no single position to move; it applies to "
-                    "methods that keep tokens one to one", method);
-        live.push_back(j);
-      }
-    std::sort(live.begin(), live.end(), [&](int64_t a, int64_t c) { return o[a] < o[c]; });
-    const int64_t n_live = int64_t(live.size());
-    for (int64_t r = 0; r < n_live; ++r) {
-      const int64_t j = live[size_t(r)];
-      da[h][j] = last - (n_live - 1 - r) - o[j];
-      moved = moved || da[h][j] != 0;
+    for (const Slot& s : contiguous_slots(o, bias.data_ptr<double>() + h * m, m, last, method, "re-rotation")) {
+      da[h][s.entry] = s.target - o[s.entry];
+      moved = moved || da[h][s.entry] != 0;
     }
   }
   if (moved) l.num.keys = rotate_by(l.num.keys, delta.to(l.num.keys.device()), inv_freq);
@@ -77,29 +92,21 @@ void Rerotation::apply(LayerStream& s) {
   for (int64_t h = 0; h < h_kv; ++h) {
     const int64_t* p = pos.data_ptr<int64_t>() + h * m;
     const double* b = bias.data_ptr<double>() + h * m;
-    std::vector<int64_t> live;  // held indices of the live entries, by position
+    int64_t newest = -1;  // the newest live position: the held set ends there
     for (int64_t j = 0; j < m; ++j)
-      if (b[j] > -std::numeric_limits<double>::infinity()) {
-        KVLAB_CHECK(p[j] >= 0, "--rerotate: {} holds merged entries, which have no single position to move; "
-                    "re-rotation applies to methods that keep tokens one to one (streaming_llm, local, h2o, buzz)",
-                    method_);
-        live.push_back(j);
-      }
-    if (live.empty()) continue;
-    std::sort(live.begin(), live.end(), [&](int64_t a, int64_t c) { return p[a] < p[c]; });
-    const int64_t newest = p[live.back()], n_live = int64_t(live.size());
+      if (b[j] > -std::numeric_limits<double>::infinity()) newest = std::max(newest, p[j]);
+    if (newest < 0) continue;
     auto& row = at_[size_t(h)];
     if (int64_t(row.size()) <= newest) {  // positions not seen before sit where they were cached
       const size_t old = row.size();
       row.resize(size_t(newest) + 1);
       std::iota(row.begin() + long(old), row.end(), int64_t(old));
     }
-    for (int64_t r = 0; r < n_live; ++r) {
-      const int64_t j = live[size_t(r)], target = newest - (n_live - 1 - r);
-      const int64_t d = target - row[size_t(p[j])];
+    for (const Slot& s : contiguous_slots(p, b, m, newest, method_, "--rerotate")) {
+      const int64_t d = s.target - row[size_t(p[s.entry])];
       if (d != 0) moved = true;
-      da[h][j] = d;
-      row[size_t(p[j])] = target;
+      da[h][s.entry] = d;
+      row[size_t(p[s.entry])] = s.target;
     }
   }
   if (!moved) return;
