@@ -1,4 +1,4 @@
-// Test helper shared by the generation tests.
+// Test helpers shared by the generation tests.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -6,9 +6,24 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <nlohmann/json.hpp>
+
+#include <string>
 #include <vector>
 
+#include "kvlab/compress/compressor.h"
+#include "kvlab/compress/method_spec.h"
+
 namespace kvlab::test {
+
+// A method by name with its parameters (no preset, no quantizer), as build_methods makes one.
+inline MethodSpec method_spec(const std::string& name, const nlohmann::json& params = nlohmann::json::object()) {
+  MethodSpec s;
+  s.name = name;
+  s.params = params;
+  s.compressor = make_compressor(name, params);
+  return s;
+}
 
 // Per-head real entries of a set (bias > -inf), as (key row, bias), sorted: compares two sets
 // whatever the order of their entries.

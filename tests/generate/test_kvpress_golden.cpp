@@ -59,6 +59,7 @@
 #include "kvlab/model/model.h"
 #include "kvlab/cache/rerotation.h"
 #include "kvlab/model/model_tokenizer.h"
+#include "kv_entries.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -373,13 +374,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   CHECK(compared_sets == 72);  // 18 presses x 2 ratios x 2 prompts
 }
 
-MethodSpec method_spec(const std::string& name, const json& params = json::object()) {
-  MethodSpec s;
-  s.name = name;
-  s.params = params;
-  s.compressor = make_compressor(name, params);
-  return s;
-}
+using test::method_spec;
 
 // KVzip (issue 22) against kvpress's KVzipPress: tests/fixtures/kvpress_golden/kvzip_smollm2.json
 // (data_scripts/make_kvzip_golden.py; prompts of 316 and 420 tokens without a chat template, and

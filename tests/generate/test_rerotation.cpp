@@ -21,6 +21,7 @@
 #include "kvlab/generate/branches.h"
 #include "kvlab/generate/ppl.h"
 #include "kvlab/model/model.h"
+#include "kv_entries.h"
 #include "test_util.h"
 
 using namespace kvlab;
@@ -42,6 +43,15 @@ std::vector<int64_t> slots(const at::Tensor& pos) {
   for (int64_t x : v) out.push_back(std::lower_bound(order.begin(), order.end(), x) - order.begin());
   return out;
 }
+
+// Every decode step's keys as the model cached them (true positions n, n+1, ...): [layer][step] -> [Hkv, 1, d].
+struct KeyTap : QkvTap {
+  std::vector<std::vector<at::Tensor>> k;
+  explicit KeyTap(int n_layers) : k(size_t(n_layers)) {}
+  void on_qkv(int layer, const at::Tensor&, const at::Tensor& kk, const at::Tensor&) override {
+    k[size_t(layer)].push_back(kk.clone());
+  }
+};
 
 // stories260K, or nothing (the test then says it skipped).
 std::optional<Model> stories260k() {
@@ -132,18 +142,14 @@ TEST_CASE("rerotation: without eviction ppl is unchanged; with it ppl moves; a m
   for (int64_t i = 0; i < 80; ++i) tokens.push_back(1 + (i * 37 + i * i) % 500);
   for (const std::string name : {"streaming_llm", "h2o", "buzz"}) {
     INFO("method=" << name);
-    MethodSpec m;
-    m.name = name;
-    m.compressor = make_compressor(name, nlohmann::json::object());
+    const MethodSpec m = test::method_spec(name);
     std::vector<PplBranch> br = {{m, 200, 0, false}, {m, 200, 0, true}, {m, 24, 0, false}, {m, 24, 0, true}};
     PplResult r = run_ppl(model, tokens, br);
     CHECK(r.rows[1].nll == r.rows[0].nll);  // 200 > 80 tokens: nothing evicted, nothing moved
     CHECK(r.rows[1].rerotate);
     CHECK(r.rows[3].nll != r.rows[2].nll);  // evicted: the moved keys change the logits
   }
-  MethodSpec tova;
-  tova.name = "tova";
-  tova.compressor = make_compressor("tova", nlohmann::json::object());
+  const MethodSpec tova = test::method_spec("tova");
   bool refused = false;
   try {
     check_ppl_branches(model, {{tova, 24, 0, true}});
@@ -165,17 +171,8 @@ TEST_CASE("rerotation in generation: after k steps each held key is its key as c
   Prefill pre = run_prefill(model, prompt, 8);
   for (const std::string name : {"streaming_llm", "h2o", "buzz"}) {
     INFO("method=" << name);
-    MethodSpec m;
-    m.name = name;
-    m.compressor = make_compressor(name, nlohmann::json::object());
-    // Every decode step's keys as the model cached them (true positions n, n+1, ...).
-    struct Tap : QkvTap {
-      std::vector<std::vector<at::Tensor>> k;
-      explicit Tap(int l) : k(size_t(l)) {}
-      void on_qkv(int layer, const at::Tensor&, const at::Tensor& kk, const at::Tensor&) override {
-        k[size_t(layer)].push_back(kk.clone());
-      }
-    } tap(n_layers);
+    const MethodSpec m = test::method_spec(name);
+    KeyTap tap(n_layers);
     std::vector<KVSet> held;
     BranchOptions bo;
     bo.max_new_tokens = steps + 1;
@@ -207,9 +204,7 @@ TEST_CASE("rerotation in generation: after k steps each held key is its key as c
       }
     }
   }
-  MethodSpec sl;
-  sl.name = "streaming_llm";
-  sl.compressor = make_compressor("streaming_llm", nlohmann::json::object());
+  const MethodSpec sl = test::method_spec("streaming_llm");
   BranchOptions bo;
   bo.max_new_tokens = 2;
   auto message = [&](const BranchSpec& s) {
@@ -221,9 +216,7 @@ TEST_CASE("rerotation in generation: after k steps each held key is its key as c
     return std::string();
   };
   CHECK(message({sl, Budget::of_entries(16), 3, 4, 0, true, true, true}).find("keep_first 0") != std::string::npos);
-  MethodSpec tova;
-  tova.name = "tova";
-  tova.compressor = make_compressor("tova", nlohmann::json::object());
+  const MethodSpec tova = test::method_spec("tova");
   CHECK(message({tova, Budget::of_entries(16), 3, 0, 0, true, true, true}).find("tova keeps copies") !=
         std::string::npos);
 }
@@ -240,16 +233,8 @@ TEST_CASE("rerotation after compression (KeyRerotationPress): kept keys contiguo
   Prefill pre = run_prefill(model, prompt, 16);
   for (const std::string name : {"snapkv", "knorm", "streaming_llm"}) {
     INFO("method=" << name);
-    MethodSpec m;
-    m.name = name;
-    m.compressor = make_compressor(name, nlohmann::json::object());
-    struct Tap : QkvTap {
-      std::vector<std::vector<at::Tensor>> k;
-      explicit Tap(int l) : k(size_t(l)) {}
-      void on_qkv(int layer, const at::Tensor&, const at::Tensor& kk, const at::Tensor&) override {
-        k[size_t(layer)].push_back(kk.clone());
-      }
-    } tap(n_layers);
+    const MethodSpec m = test::method_spec(name);
+    KeyTap tap(n_layers);
     std::vector<KVSet> held;
     std::vector<at::Tensor> origin;
     BranchOptions bo;
