@@ -34,6 +34,11 @@ std::vector<Slot> contiguous_slots(const int64_t* pos, const double* bias, int64
   return out;
 }
 
+std::string cannot_move(const std::string& method) {
+  return "--rerotate: " + method + " keeps copies of its keys that re-rotation cannot move (--decode-rule rerotate "
+         "in the task commands); it applies to streaming_llm, local, h2o and buzz";
+}
+
 }  // namespace
 
 void rerotate_kept(CompressedLayer& l, const at::Tensor& inv_freq, const std::string& method) {
@@ -110,9 +115,13 @@ void Rerotation::apply(LayerStream& s) {
     }
   }
   if (!moved) return;
-  KVLAB_CHECK(s.rotate_held(delta.to(held.keys.device()), inv_freq_),
-              "--rerotate: {} keeps copies of its keys that re-rotation cannot move; it applies to streaming_llm, "
-              "local, h2o and buzz", method_);
+  KVLAB_CHECK(s.rotate_held(delta.to(held.keys.device()), inv_freq_), "{}", cannot_move(method_));
+}
+
+void Rerotation::require_movable(LayerStream& s) const {
+  const at::Tensor& keys = s.held().keys;  // [Hkv, m, d]
+  const auto none = at::zeros({keys.size(0), keys.size(1)}, keys.options().dtype(at::kLong));  // [Hkv, m]
+  KVLAB_CHECK(s.rotate_held(none, inv_freq_), "{}", cannot_move(method_));
 }
 
 }  // namespace kvlab

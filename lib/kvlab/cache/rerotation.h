@@ -37,6 +37,9 @@ class Rerotation {
   // Moves s's held keys to their slots (call after each settle). Every live entry (bias > −inf)
   // must be one token (pos >= 0) and s must support rotate_held; otherwise an error naming the method.
   void apply(LayerStream& s);
+  // Asks s to move its keys by 0 positions, so that a stream that cannot move them (it merges or
+  // keeps copies) is one error naming the method when the cache is made, before any work.
+  void require_movable(LayerStream& s) const;
   // Per KV head, the position each live held entry's key is rotated to now (held() order; −1 for
   // padding): what a test compares with a one-shot rotation of the keys as they arrived.
   std::vector<std::vector<int64_t>> positions(const LayerStream& s) const;

@@ -151,12 +151,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
                   "own entries; {} keeps {} exact positions before them (--keep-first or its preset): give keep_first 0",
                   spec.method.name, cl.num.keys.size(1));
       cl.rerotation = std::make_shared<Rerotation>(model.layer_inv_freq(l), spec.method.name);
-      // Asked now (a move by 0), so a stream that cannot is one error before any token is decoded.
-      const auto none_moved = at::zeros({cl.stream->held().keys.size(0), cl.stream->held().keys.size(1)},
-                                        at::TensorOptions().dtype(at::kLong).device(cl.stream->held().keys.device()));
-      KVLAB_CHECK(cl.stream->rotate_held(none_moved, model.layer_inv_freq(l)),
-                  "re-rotation (--decode-rule rerotate / --rerotate): {} keeps copies of its keys that cannot be "
-                  "moved; it applies to streaming_llm, local, h2o and buzz", spec.method.name);
+      cl.rerotation->require_movable(*cl.stream);  // before any token is decoded
       cl.rerotation->apply(*cl.stream);  // the prompt's survivors, before the first decoded token attends
     } else if (spec.rerotate && layers.back().window == 0) {
       rerotate_kept(layers.back(), model.layer_inv_freq(l), spec.method.name);  // before it is stored quantized

@@ -46,11 +46,7 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
                   "--list-methods' for the streaming methods)", b.method.name);
       if (b.rerotate) {
         layer.rerotation = std::make_shared<Rerotation>(model.layer_inv_freq(l), b.method.name);
-        // Asked now, on the empty stream, so a method that cannot is one error before any work.
-        const auto none_moved = at::zeros({c.n_kv_heads, layer.stream->held().keys.size(1)}, opts.dtype(at::kLong));
-        KVLAB_CHECK(layer.stream->rotate_held(none_moved, model.layer_inv_freq(l)),
-                    "--rerotate: {} keeps copies of its keys that re-rotation cannot move; it applies to "
-                    "streaming_llm, local, h2o and buzz", b.method.name);
+        layer.rerotation->require_movable(*layer.stream);
       }
     }
     layers.push_back(std::move(layer));
