@@ -57,6 +57,7 @@ struct GenerateCmdOptions {
   int64_t seed = 42;
   bool prefill_only = false;
   bool rerotate = false;
+  int64_t compress_every = 0;
   bool no_batch = false;
   bool overwrite = false;
   std::string preset = "default";
@@ -99,6 +100,9 @@ struct GenerateCmdOptions {
     f.add("rerotate", rerotate, "kept keys moved to contiguous positions after compression (kvpress's "
                                 "KeyRerotationPress) and, for streaming methods, after every token (StreamingLLM's and "
                                 "BUZZ's code); default: keys keep their cached positions");
+    f.add("compress_every", compress_every, "every method compresses what it holds again every N decoded tokens, "
+          "to its budget on the tokens seen (kvpress's DecodingPress / CompressionRatioDecodingPress; the task "
+          "commands' --decode-rule compress:N); 0 = off");
   }
 };
 
@@ -134,7 +138,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
   for (const auto& m : methods)
     for (const auto& b : budgets) {
       specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
-                       !o.prefill_only, /*count_whole=*/true, o.rerotate});
+                       !o.prefill_only, /*count_whole=*/true, o.rerotate, DecodingRule{o.compress_every, 256}});
       BranchOptions bo;
       bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;
@@ -201,7 +205,8 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
                         {"keep_first", spec.keep_first}, {"keep_last", spec.keep_last}, {"seed", o.seed},
                         {"entries_start", r.entries_start}, {"entries_mean", r.entries_mean},
                         {"entries_peak", r.entries_peak},
-                        {"streaming", spec.stream && compressor_info(m.name).streaming},
+                        {"streaming", spec.stream && spec.decoding.every == 0 && compressor_info(m.name).streaming},
+                        {"compress_every", spec.decoding.every},
                         {"generated_ids", r.ids}, {"text", text}, {"kv_bytes", r.kv_bytes},
                         {"kv_bytes_peak", r.kv_bytes_peak}, {"kv_bytes_end", r.kv_bytes_end},
                         {"kv_bytes_window_layers", r.kv_bytes_window},
@@ -242,7 +247,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
         {!o.ratio.empty(), "--ratio"}, {!o.budget.empty(), "--budget"}, {!o.T.empty(), "--T"},
         {!o.bytes.empty(), "--bytes"}, {!o.param.empty(), "--param"}, {!o.params.empty(), "--params"}, {o.keep_first != 0, "--keep-first"},
         {o.keep_last != 0, "--keep-last"}, {o.prefill_only, "--prefill-only"}, {o.rerotate, "--rerotate"},
-        {o.preset != "default", "--preset"}};
+        {o.compress_every != 0, "--compress-every"}, {o.preset != "default", "--preset"}};
     for (const auto& [given, flag] : branch_flags)
       KVLAB_CHECK(!given, "{} applies to compressed-cache branches: give --method too (without it generate "
                   "decodes with the exact cache)", flag);
@@ -253,9 +258,20 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
     budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
     methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
-    check_quantized_methods(methods, !o.prefill_only, "--prefill-only");
+    KVLAB_CHECK(o.compress_every >= 0, "--compress-every must be >= 0 (0 = off), got {}", o.compress_every);
+    KVLAB_CHECK(o.compress_every == 0 || !o.rerotate, "--compress-every and --rerotate: re-rotation moves a method's "
+                "own stream; give one of them");
+    check_quantized_methods(methods, !o.prefill_only || o.compress_every > 0, "--prefill-only");
+    if (o.compress_every > 0)
+      for (const auto& m : methods)
+        if (m.name != "exact") {
+          KVLAB_CHECK(!m.quant, "--method {}: a cache compressed while decoding is not stored quantized yet (issue "
+                      "52); drop --compress-every", m.label());
+          check_decoding_compressible(m.name);
+        }
     for (const auto& m : methods)
-      KVLAB_CHECK(o.prefill_only || m.keep_last_or(o.keep_last) == 0 || !compressor_info(m.name).streaming,
+      KVLAB_CHECK(o.prefill_only || o.compress_every > 0 || m.keep_last_or(o.keep_last) == 0 ||
+                      !compressor_info(m.name).streaming,
                   "--keep-last {}: {} streams while decoding and keeps its own recent window; --keep-last applies "
                   "to prefill-only methods (or give --prefill-only)", m.keep_last_or(o.keep_last), m.name);
   }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "kvlab/compress/decoding_stream.h"
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/core/check.h"
 #include "kvlab/core/device.h"
@@ -31,7 +32,9 @@ void TaskCommonOptions::fields(FieldList& f) {
         "question fed through the compressed cache: kvpress's)");
   f.add("decode_rule", decode_rule, "prefill (every method compresses once; later tokens appended: equal memory) | "
         "stream (streaming methods keep compressing while decoding) | rerotate (as stream, kept keys moved to "
-        "contiguous positions after compression and, for streaming methods, after every token)");
+        "contiguous positions after compression and, for streaming methods, after every token) | compress[:N] (every "
+        "method compresses what it holds again every N decoded tokens, default 512, to its budget on the tokens seen: "
+        "kvpress's decoding presses; equal memory at every step)");
   f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
         "<run>/kept/<dataset>/<record>.json");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
@@ -59,6 +62,13 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
   check_quantized_methods(methods, plan.protocol.streams(), "--decode-rule prefill");
+  if (plan.protocol.decode == TaskProtocol::Decode::compress)
+    for (const auto& m : methods) {
+      if (m.name == "exact") continue;  // the full cache (quantized or not) never compresses
+      KVLAB_CHECK(!m.quant, "--method {}: under --decode-rule compress a cache compressed while decoding is not "
+                  "stored quantized yet (issue 52); give --decode-rule prefill", m.label());
+      check_decoding_compressible(m.name);
+    }
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());
   check_observation_queries(compressors, o.obs_queries);  // a window above --obs-queries fails before the model loads

@@ -874,6 +874,22 @@ TEST_CASE("cli: quantized branches by name in a task command and replay (issue 5
   auto tova = run_kvlab(niah + "--method tova --decode-rule rerotate --out " + dir + "/tova");
   CHECK(tova.code != 0);
   CHECK(tova.out.find("tova keeps copies of its keys") != std::string::npos);
+
+  // --decode-rule compress:N (issue 53): every method, streaming ones too, holds the same entries
+  // at every step; a method whose held set is not tokens is refused naming it, before the model loads.
+  auto dc = run_kvlab(niah + "--method snapkv,h2o,streaming_llm --decode-rule compress:2 --out " + dir + "/compress");
+  REQUIRE_MESSAGE(dc.code == 0, dc.out);
+  const auto compressed = nlohmann::json::parse(test::read_file(dir + "/compress/result.json"));
+  std::set<double> peaks;
+  for (const auto& row : compressed["rows"]) {
+    CHECK(row["decode_rule"] == "compress:2");
+    if (row["method"] != "exact") peaks.insert(row["entries_peak"].get<double>());
+  }
+  CHECK(peaks.size() == 1);
+  auto ea = run_kvlab(niah + "--method expected_attention --decode-rule compress --out " + dir + "/ea");
+  CHECK(ea.code != 0);
+  CHECK(ea.out.find("--decode-rule compress: expected_attention un-rotates its keys") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir + "/ea"));
 }
 
 TEST_CASE("cli: commands refuse to write over files they did not make (issue 26)") {

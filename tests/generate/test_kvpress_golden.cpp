@@ -40,6 +40,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <iterator>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -613,4 +615,71 @@ TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and gree
   MESSAGE("duo_attention: head scores within " << worst << " (relative) of kvpress's; " << compared
                                                << " head compression ratios compared");
   CHECK(compared == 3);
+}
+
+TEST_CASE("kvpress differential: compression while decoding equals DecodingPress and CompressionRatioDecodingPress (issue 53)") {
+  // data_scripts/make_kvpress_decoding_golden.py: KeyDiffPress at the prefill, then every 16 decoded
+  // tokens again, to target_size (DecodingPress) or to a quarter of the tokens seen
+  // (CompressionRatioDecodingPress); 100 greedy tokens, EOS ignored: six compressions while decoding.
+  const std::string gguf = smollm2_gguf();
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/decoding_smollm2.json");
+  REQUIRE(g["version"].get<int>() == 1);
+  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
+  int compared = 0, changed_by_the_rule = 0, in_band = 0;
+  for (const auto& c : g["configs"]) {
+    const bool fixed = c["name"].get<std::string>() == "DecodingPress";
+    const int64_t every = c["compression_interval"].get<int64_t>();
+    const double kept = 1.0 - c["prefill_compression_ratio"].get<double>();
+    for (const auto& r : c["results"]) {
+      INFO(c["name"].get<std::string>() << " on " << r["prompt"].get<std::string>());
+      const auto ids = r["ids"].get<std::vector<int64_t>>();
+      const Prefill pre = run_prefill(model, ids, 0);
+      const Budget budget = fixed ? Budget::of_entries(r["prefill_kept"].get<int64_t>()) : Budget::of_ratio(kept);
+      BranchSpec spec{method_spec("keydiff"), budget};
+      spec.decoding.every = every;
+      BranchOptions bo;
+      bo.max_new_tokens = static_cast<int64_t>(r["greedy_ids"].size());
+      bo.stop_at_eos = false;
+      bo.keep_kept = true;
+      const BranchResult br = run_branch(model, pre, spec, bo);
+      CHECK(br.ids == r["greedy_ids"].get<std::vector<int64_t>>());
+      // Held positions equal outside the near-ties at some cut.
+      for (int64_t l = 0; l < n_layers; ++l)
+        for (int64_t h = 0; h < h_kv; ++h) {
+          const auto mine = br.kept["layers"][l]["kv_heads"][h]["positions"].get<std::set<int64_t>>();
+          const auto theirs = r["held_end"][l][h].get<std::set<int64_t>>();
+          const auto band = r["tie_band"][l][h].get<std::set<int64_t>>();
+          std::vector<int64_t> differ;
+          std::set_symmetric_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(differ));
+          differ.erase(std::remove_if(differ.begin(), differ.end(), [&](int64_t q) { return band.count(q) > 0; }),
+                       differ.end());
+          INFO("layer " << l << " KV head " << h);
+          CHECK(mine.size() == theirs.size());
+          CHECK(differ.empty());
+          in_band += !band.empty();
+        }
+      // Equal memory at every step: the held count returns to the target at each compression and
+      // grows by `every` before the next; at most before the last one (5 x 16 tokens decoded earlier).
+      const int64_t n = static_cast<int64_t>(ids.size());
+      const int64_t last_target = fixed ? r["prefill_kept"].get<int64_t>() : budget.entries_for(n + 5 * every);
+      CHECK(br.entries_peak == doctest::Approx(double(last_target + every)));
+      // The rule is what made them equal: without it the decoded tokens pile up and the ids differ.
+      BranchSpec once{method_spec("keydiff"), budget};
+      const BranchResult plain = run_branch(model, pre, once, bo);
+      if (plain.ids != br.ids) ++changed_by_the_rule;
+      CHECK(plain.entries_peak > br.entries_peak + 50);
+      ++compared;
+    }
+  }
+  MESSAGE(compared << " long generations compressed while decoding compared with kvpress; " << changed_by_the_rule
+                   << " of them decode otherwise without the rule; " << in_band << " of " << compared * n_layers * h_kv
+                   << " (layer, KV head) cells had a near-tie at some cut");
+  CHECK(compared == 4);
+  CHECK(changed_by_the_rule >= 1);
 }

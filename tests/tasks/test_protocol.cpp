@@ -404,7 +404,7 @@ TEST_CASE("--protocol context with --decode-rule stream: a streaming cache takes
   }
 }
 
-TEST_CASE("decode rules by name: prefill, stream, rerotate; an unknown one lists them") {
+TEST_CASE("decode rules by name: prefill, stream, rerotate, compress[:N]; an unknown one lists them") {
   using kvlab::TaskProtocol;
   CHECK_FALSE(kvlab::parse_task_protocol("whole", "prefill").streams());
   const TaskProtocol s = kvlab::parse_task_protocol("context", "stream");
@@ -416,6 +416,19 @@ TEST_CASE("decode rules by name: prefill, stream, rerotate; an unknown one lists
   CHECK(r.to_json()["decode_rule"] == "rerotate");
   CHECK(r.line().find("re-rotated") != std::string::npos);
   CHECK_THROWS_WITH_AS(kvlab::parse_task_protocol("whole", "rotate"),
-                       doctest::Contains("--decode-rule: expected prefill, stream or rerotate, got 'rotate'"),
+                       doctest::Contains("--decode-rule: expected prefill, stream, rerotate or compress[:N], got 'rotate'"),
                        kvlab::Error);
+  // compress[:N]: every method, every N decoded tokens (kvpress's default interval 512).
+  const TaskProtocol c = kvlab::parse_task_protocol("whole", "compress");
+  CHECK(c.decode == TaskProtocol::Decode::compress);
+  CHECK(c.every == 512);
+  CHECK_FALSE(c.streams());
+  CHECK(c.compresses_while_decoding());
+  CHECK(c.to_json()["decode_rule"] == "compress:512");
+  CHECK(kvlab::parse_task_protocol("context", "compress:16").every == 16);
+  for (const char* bad : {"compress:0", "compress:-3", "compress:", "compress:8x", "compress:1e3"})
+    CHECK_THROWS_WITH_AS(kvlab::parse_task_protocol("whole", bad), doctest::Contains("--decode-rule compress:N"),
+                         kvlab::Error);
+  CHECK_THROWS_WITH_AS(kvlab::parse_task_protocol("whole", "stream:4"),
+                       doctest::Contains("--decode-rule stream: only compress takes a number"), kvlab::Error);
 }

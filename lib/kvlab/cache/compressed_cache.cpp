@@ -161,6 +161,7 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
   region.context = context.narrowed(begin, end - begin);
   CompressedLayer out;
   out.n_positions = n;
+  out.prefix = begin;
   auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<LayerStream> s = stream ? c.start_stream(region, opt) : nullptr;  // r x tokens seen
   if (s) {
@@ -185,6 +186,29 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
   }
   if (compress_ms) *compress_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+void compress_while_decoding(CompressedLayer& l, std::shared_ptr<const Compressor> method, const CompressOptions& opt,
+                             bool count_whole, const DecodingRule& rule, int layer, int n_layers,
+                             const Context& context) {
+  KVLAB_CHECK(method, "compress_while_decoding: no method");
+  KVLAB_CHECK(!l.stream && l.window == 0 && !l.ragged(), "--decode-rule compress: layer {} already streams, slides "
+              "or holds heads apart", layer);
+  KVLAB_CHECK(!l.has_den() && l.logit_scale == 1.0, "--decode-rule compress: {} keeps a separate denominator set or "
+              "scales its logits, so what it holds is not tokens the next compression can score; give "
+              "--decode-rule prefill or stream", method->name());
+  const int64_t m = l.num.keys.size(1), p = std::min(l.prefix, m);
+  KVSet held;  // the entries after the prefix: keys, values [Hkv, m - p, d], bias, true positions
+  held.keys = l.num.keys.narrow(1, p, m - p);
+  held.values = l.num.values.narrow(1, p, m - p);
+  held.bias = l.num.bias.defined() ? l.num.bias.narrow(1, p, m - p) : at::Tensor();
+  held.pos = (l.origin.defined() ? l.origin : l.num.pos).narrow(1, p, m - p).contiguous();
+  l.stream = start_decoding_stream(std::move(method), std::move(held), l.n_positions - p, opt, count_whole ? p : 0,
+                                   rule, layer, n_layers, context);
+  l.num = KVSet{l.num.keys.narrow(1, 0, p), l.num.values.narrow(1, 0, p),
+                l.num.bias.defined() ? l.num.bias.narrow(1, 0, p) : at::Tensor(), l.num.pos.narrow(1, 0, p)};
+  if (l.origin.defined()) l.origin = l.origin.narrow(1, 0, p);
+  l.live_count = -1;
 }
 
 int64_t window_held(int64_t n, int64_t window) { return window > 0 ? std::min(n, window - 1) : n; }

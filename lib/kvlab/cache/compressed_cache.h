@@ -28,6 +28,7 @@
 #include "kvlab/cache/rerotation.h"
 #include "kvlab/quant/quantized_part.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/decoding_stream.h"
 #include "kvlab/compress/stream.h"
 
 namespace kvlab {
@@ -41,6 +42,7 @@ struct CompressedLayer {
   KVSet den;                 // keys [Hkv, m', d], bias, pos; undefined keys = the numerator set
   double logit_scale = 1.0;  // BUZZ log n
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
+  int64_t prefix = 0;        // the exact entries of `num` before the compressed region (--keep-first)
   std::shared_ptr<LayerStream> stream;  // streaming methods: the entries after the prefix
   // --rerotate (cache/rerotation.h): after each step the stream's keys move to contiguous positions
   // ending at the newest token. Only with a stream and no exact prefix.
@@ -107,6 +109,16 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
                                const at::Tensor& v, const at::Tensor& q_obs, int64_t keep_first, int64_t keep_last,
                                int layer, int n_layers, double* compress_ms = nullptr, bool stream = false,
                                bool count_whole = false, const Context& context = Context());
+
+// --decode-rule compress (compress/decoding_stream.h): a layer compressed once by compress_layer
+// (stream = false) keeps compressing while decoding: its entries after the exact prefix move into a
+// stream that compresses them again with `method` every rule.every decoded tokens, to opt's budget
+// on the tokens seen (count_whole: of the whole layer, the prefix inside it, as compress_layer
+// counted it). `context`: inputs that do not run over positions (out_proj). Refuses a layer that
+// already streams, a window layer, and a method whose kept entries are not tokens (naming it).
+void compress_while_decoding(CompressedLayer& l, std::shared_ptr<const Compressor> method, const CompressOptions& opt,
+                             bool count_whole, const DecodingRule& rule, int layer, int n_layers,
+                             const Context& context);
 
 // A sliding layer of a model whose sliding layers interleave with global ones (gemma3: five local
 // layers of 512 tokens, then a global one) is never compressed: its cache is already bounded by

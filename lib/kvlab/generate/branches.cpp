@@ -114,6 +114,9 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
   const bool all_queries = spec.method.compressor->observation_queries() < 0;
   // kvzip: the context-reconstruction scores of every layer (one more forward, shared by branches).
   const ReconstructionRequest rq = spec.method.compressor->reconstruction();
+  // --decode-rule compress: every method but the full cache compresses again while decoding.
+  const bool decodes = spec.decoding.every > 0 && spec.method.name != "exact";
+  if (decodes) check_decoding_compressible(spec.method.name);
   for (int l = 0; l < n_layers; ++l) {
     if (l < static_cast<int>(prefill.windows.size()) && prefill.windows[l] > 0) {
       layers.push_back(window_layer(prefill.k[l], prefill.v[l], prefill.windows[l]));
@@ -142,8 +145,15 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
       co.budget = Budget::of_ratio(double(m) / double(n));
     }
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
-                                    spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream,
+                                    spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream && !decodes,
                                     spec.count_whole, context));
+    if (decodes) {
+      KVLAB_CHECK(!spec.rerotate, "--decode-rule compress: the branch cannot also re-rotate");
+      Context fixed;  // what does not run over positions: the held entries are not the prompt's
+      fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
+      compress_while_decoding(layers.back(), spec.method.compressor, co, spec.count_whole, spec.decoding, l, n_layers,
+                              fixed);
+    }
     layers.back().quant = spec.method.quant;  // stored quantized from here on (window layers stay exact)
     if (spec.rerotate && layers.back().stream) {
       CompressedLayer& cl = layers.back();

@@ -70,6 +70,11 @@ struct BranchSpec {
   // too (needs keep_first 0 and a stream that can move its keys: streaming_llm, local, h2o, buzz).
   // Merged entries cannot move: an error before decoding.
   bool rerotate = false;
+  // --decode-rule compress (compress/decoding_stream.h): every method compresses what it holds
+  // again every `decoding.every` decoded tokens, to its budget on the tokens seen; every > 0 turns
+  // it on for every method but the full cache (its own streaming rule then gives way; `rerotate`
+  // must be false).
+  DecodingRule decoding{0, 256};
 };
 
 struct BranchOptions {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
+
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -17,6 +19,9 @@ const char* decode_text(TaskProtocol::Decode d) {
     case TaskProtocol::Decode::rerotate:
       return "as stream, kept keys re-rotated to contiguous positions after compression and, for streaming "
              "methods, after every token";
+    case TaskProtocol::Decode::compress:
+      return "every method compresses what it holds again every N decoded tokens, to its budget on the tokens "
+             "seen: equal memory at every step";
   }
   return "";
 }
@@ -36,16 +41,47 @@ std::string TaskProtocol::line() const {
                      decode_name(), decode_text(decode), kMemory);
 }
 
+std::string TaskProtocol::decode_name() const {
+  switch (decode) {
+    case Decode::prefill: return "prefill";
+    case Decode::stream: return "stream";
+    case Decode::rerotate: return "rerotate";
+    case Decode::compress: return fmt::format("compress:{}", every);
+  }
+  return "";
+}
+
 TaskProtocol parse_task_protocol(const std::string& protocol, const std::string& decode_rule) {
   TaskProtocol p;
   KVLAB_CHECK(protocol == "whole" || protocol == "context", "--protocol: expected whole or context, got '{}'",
               protocol);
-  KVLAB_CHECK(decode_rule == "prefill" || decode_rule == "stream" || decode_rule == "rerotate",
-              "--decode-rule: expected prefill, stream or rerotate, got '{}'", decode_rule);
   p.question = protocol == "whole" ? TaskProtocol::Question::whole : TaskProtocol::Question::context;
-  p.decode = decode_rule == "prefill"  ? TaskProtocol::Decode::prefill
-             : decode_rule == "stream" ? TaskProtocol::Decode::stream
-                                       : TaskProtocol::Decode::rerotate;
+  const std::string rule = decode_rule.substr(0, decode_rule.find(':'));
+  KVLAB_CHECK(rule == "prefill" || rule == "stream" || rule == "rerotate" || rule == "compress",
+              "--decode-rule: expected prefill, stream, rerotate or compress[:N], got '{}'", decode_rule);
+  KVLAB_CHECK(rule == "compress" || rule == decode_rule, "--decode-rule {}: only compress takes a number, got '{}'",
+              rule, decode_rule);
+  p.decode = rule == "prefill"    ? TaskProtocol::Decode::prefill
+             : rule == "stream"   ? TaskProtocol::Decode::stream
+             : rule == "rerotate" ? TaskProtocol::Decode::rerotate
+                                  : TaskProtocol::Decode::compress;
+  if (p.decode == TaskProtocol::Decode::compress) {
+    p.every = 512;
+    if (rule != decode_rule) {
+      const std::string n = decode_rule.substr(rule.size() + 1);
+      size_t used = 0;
+      long long v = -1;
+      try {
+        v = std::stoll(n, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      KVLAB_CHECK(used == n.size() && !n.empty() && v >= 1 && v <= (1LL << 40),
+                  "--decode-rule compress:N: N (decoded tokens between compressions) must be a whole number >= 1, "
+                  "got '{}'", n);
+      p.every = v;
+    }
+  }
   return p;
 }
 

@@ -16,12 +16,15 @@
 //             stream   the methods that compress while decoding (CompressorInfo::streaming) keep
 //                      r × the tokens they have seen; the others append. Memory differs by method
 //                      (rows are marked).
+//             compress every method compresses again every N decoded tokens (compress:N, default
+//                      512), to r × the tokens seen: equal memory at every step.
 //   memory    counted whole: --ratio/--budget is of the whole cache, the exact sinks and windows
 //             (--keep-first/--keep-last, a preset's) inside it.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 
 namespace kvlab {
@@ -31,15 +34,21 @@ struct TaskProtocol {
   // rerotate: as stream, and kept keys move to contiguous positions after compression (kvpress's
   // KeyRerotationPress) and, for streaming methods, after every token (StreamingLLM's and BUZZ's
   // code; cache/rerotation.h).
-  enum class Decode { prefill, stream, rerotate };
+  // compress: every method compresses what it holds again every `every` decoded tokens, to its
+  // budget on the tokens seen (kvpress's DecodingPress / CompressionRatioDecodingPress with the
+  // method as the scorer; compress/decoding_stream.h): equal memory at every step.
+  enum class Decode { prefill, stream, rerotate, compress };
   Question question = Question::whole;
   Decode decode = Decode::prefill;
+  int64_t every = 0;  // Decode::compress: decoded tokens between compressions ("compress:N"; 512)
 
   std::string question_name() const { return question == Question::whole ? "whole" : "context"; }
-  std::string decode_name() const {
-    return decode == Decode::prefill ? "prefill" : decode == Decode::stream ? "stream" : "rerotate";
-  }
-  bool streams() const { return decode != Decode::prefill; }  // streaming methods compress while decoding
+  // "prefill", "stream", "rerotate" or "compress:N".
+  std::string decode_name() const;
+  // Streaming methods compress while decoding by their own rule (stream, rerotate).
+  bool streams() const { return decode == Decode::stream || decode == Decode::rerotate; }
+  // Some branch compresses while decoding (its cache then takes a suffix token by token).
+  bool compresses_while_decoding() const { return decode != Decode::prefill; }
   // {"protocol", "decode_rule", "memory"}: for result.json.
   nlohmann::json to_json() const;
   // One line for the head of a table: "protocol whole; decode rule prefill (...); memory counted whole".

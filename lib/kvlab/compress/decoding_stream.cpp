@@ -1,0 +1,132 @@
+#include "kvlab/compress/decoding_stream.h"
+
+#include <algorithm>
+
+#include "kvlab/core/check.h"
+
+namespace kvlab {
+
+namespace {
+
+// A compression's result as held tokens: indices into the held set [Hkv, m'] in position order, or
+// an error naming the method when it did not keep tokens one to one with weight 1.
+at::Tensor kept_tokens(const CompressedKV& cr, const std::string& name) {
+  const std::string why =
+      !cr.kept_idx.defined() || (cr.kept_idx < 0).any().item<bool>()
+          ? "merges entries"
+          : cr.has_separate_den()   ? "keeps a separate denominator set"
+          : cr.logit_scale != 1.0   ? "scales the layer's logits"
+          : cr.bias.defined() && !(cr.bias == 0).all().item<bool>()
+              ? "weighs its entries or keeps different counts per KV head"
+              : "";
+  KVLAB_CHECK(why.empty(), "--decode-rule compress: {} {}, so what it holds is not tokens the next compression can "
+              "score; give --decode-rule prefill or stream", name, why);
+  return std::get<0>(cr.kept_idx.sort(1));  // [Hkv, m'] int64
+}
+
+class DecodingStream final : public LayerStream {
+ public:
+  DecodingStream(std::shared_ptr<const Compressor> method, KVSet held, int64_t n_seen, const CompressOptions& opt,
+                 int64_t prefix_counted, const DecodingRule& rule, int layer, int n_layers, const Context& context)
+      : method_(std::move(method)), held_(std::move(held)), n_seen_(n_seen), opt_(opt),
+        prefix_counted_(prefix_counted), rule_(rule), layer_(layer), n_layers_(n_layers), context_(context) {
+    KVLAB_CHECK(rule_.every >= 1, "--decode-rule compress:N: N must be >= 1, got {}", rule_.every);
+    KVLAB_CHECK(rule_.buffer >= 0, "decoding rule: the query buffer must be >= 0, got {}", rule_.buffer);
+    const std::string name = method_->name();
+    KVLAB_CHECK(held_.pos.defined() && held_.pos.dim() == 2 && (held_.pos >= 0).all().item<bool>(),
+                "--decode-rule compress: {} merges entries, so what it holds is not tokens the next compression "
+                "can score; give --decode-rule prefill or stream", name);
+    KVLAB_CHECK(!held_.bias.defined() || (held_.bias == 0).all().item<bool>(),
+                "--decode-rule compress: {} weighs its entries or keeps different counts per KV head, so what it "
+                "holds is not tokens the next compression can score; give --decode-rule prefill or stream", name);
+    held_.bias = at::zeros({held_.keys.size(0), held_.keys.size(1)}, held_.keys.options());
+    held_ = gather_entries(held_, std::get<1>(held_.pos.sort(1)));  // position order per head
+  }
+
+  void push(const at::Tensor& k, const at::Tensor& v, int64_t pos0) override {
+    append_exact(held_, k, v, pos0);
+    last_pos0_ = pos0;
+    n_seen_ += k.size(1);
+  }
+
+  void settle(const at::Tensor& q, const at::Tensor& prefix_keys) override {
+    const int64_t t = q.defined() ? q.size(1) : 0;
+    if (t > 0) {
+      const auto qpos = at::arange(last_pos0_, last_pos0_ + t, q.options().dtype(at::kLong));  // [T]
+      queries_ = queries_.defined() ? at::cat({queries_, q}, 1) : q;                          // [Hq, t, d]
+      query_pos_ = query_pos_.defined() ? at::cat({query_pos_, qpos}) : qpos;                 // [t]
+      const int64_t keep = std::min<int64_t>(rule_.buffer, queries_.size(1));
+      queries_ = queries_.narrow(1, queries_.size(1) - keep, keep);
+      query_pos_ = query_pos_.narrow(0, query_pos_.size(0) - keep, keep);
+    }
+    steps_ += std::max<int64_t>(t, 1);
+    if (steps_ < rule_.every) return;
+    compress(prefix_keys);
+    steps_ = 0;
+    queries_ = at::Tensor();  // kvpress clears its buffer after every compression
+    query_pos_ = at::Tensor();
+  }
+
+  const KVSet& held() const override { return held_; }
+  int64_t n_seen() const override { return n_seen_; }
+  double live_entries() const override { return double(held_.keys.size(1)); }  // no padding, ever
+
+ private:
+  void compress(const at::Tensor& prefix_keys) {
+    const int64_t m = held_.keys.size(1);
+    const int64_t target =
+        std::max<int64_t>(1, opt_.budget.entries_for(n_seen_ + prefix_counted_) - prefix_counted_);
+    if (m <= target) return;
+    LayerKV kv;
+    kv.keys = held_.keys;      // [Hkv, m, d]
+    kv.values = held_.values;  // [Hkv, m, d]
+    if (queries_.defined() && queries_.size(1) > 0) {
+      kv.queries = queries_;      // [Hq, t, d]
+      kv.query_pos = query_pos_;  // [t]
+    }
+    const int64_t newest = held_.pos.select(1, m - 1)[0].item<int64_t>();
+    kv.pos0 = newest + 1 - m;  // contiguous positions ending at the newest token (see the header)
+    if (prefix_keys.defined() && prefix_keys.size(1) > 0) kv.prefix_keys = prefix_keys;
+    kv.layer = layer_;
+    kv.n_layers = n_layers_;
+    kv.context = context_;
+    CompressOptions o = opt_;
+    o.budget = Budget::of_entries(target);
+    const CompressedKV cr = method_->compress(kv, o);
+    held_ = gather_entries(held_, kept_tokens(cr, method_->name()));
+  }
+
+  std::shared_ptr<const Compressor> method_;
+  KVSet held_;  // keys, values [Hkv, m, d], bias [Hkv, m] zeros, pos [Hkv, m] increasing per head
+  int64_t n_seen_;
+  CompressOptions opt_;
+  int64_t prefix_counted_;
+  DecodingRule rule_;
+  int layer_, n_layers_;
+  Context context_;
+  at::Tensor queries_, query_pos_;  // [Hq, t, d], [t]: the buffered queries since the last compression
+  int64_t last_pos0_ = 0;
+  int64_t steps_ = 0;  // tokens settled since the last compression
+};
+
+}  // namespace
+
+void check_decoding_compressible(const std::string& name) {
+  const CompressorInfo& info = compressor_info(name);
+  KVLAB_CHECK(!info.reads(inputs::rope_inv_freq), "--decode-rule compress: {} un-rotates its keys by their "
+              "positions, and the entries held after a compression no longer sit at contiguous positions; give "
+              "--decode-rule prefill or stream", name);
+  KVLAB_CHECK(!info.reads(inputs::reconstruction_scores), "--decode-rule compress: {} scores by reconstructing the "
+              "prompt, which decoded tokens are not part of; give --decode-rule prefill or stream", name);
+}
+
+std::unique_ptr<LayerStream> start_decoding_stream(std::shared_ptr<const Compressor> method, KVSet held,
+                                                   int64_t n_seen, const CompressOptions& opt, int64_t prefix_counted,
+                                                   const DecodingRule& rule, int layer, int n_layers,
+                                                   const Context& context) {
+  KVLAB_CHECK(method, "start_decoding_stream: no method");
+  return std::make_unique<DecodingStream>(std::move(method), std::move(held), n_seen, opt, prefix_counted, rule,
+                                          layer, n_layers, context);
+}
+
+}  // namespace kvlab
