@@ -30,6 +30,7 @@ python/kvlab/stats.py's (standard library only):
 """
 import csv
 import glob
+import gzip
 import json
 import math
 import os
@@ -63,6 +64,9 @@ RULER_NO_OUTLIERS = R("ruler_whole_chelsea_no_outliers")
 RULER_CONTEXT_4K = R("ruler_context_4k")
 BKV_FIG2 = glob.glob(R("balancekv_fig2", "*", "aggregate_per_layer.csv"))[0]
 BKV_FIG2_RELEASE = glob.glob(R("balancekv_fig2_release", "*", "aggregate_per_layer.csv"))[0]
+# configs/paper/balancekv_fig2.json v3 steps 4-5: 20 prompts, 3 seeds; per (prompt, layer, method,
+# T) means of the per-head rows (scripts/rows_reduce.py; None until run)
+BKV_FIG2_PROMPTS = R("balancekv_fig2_prompts", "per_prompt.csv.gz")
 CLUSTERABILITY = glob.glob(R("subgen_fig1_clusterability", "*", "result.json"))[0]
 # configs/paper/subgen_fig1.json v3 step 6: the keys of 1,024 generated tokens (None until run)
 CLUSTERABILITY_GEN = (glob.glob(R("subgen_fig1_generated_clusterability", "*", "result.json")) or [None])[0]
@@ -533,6 +537,45 @@ def balancekv_fig2():
     print()
 
 
+def balancekv_fig2_prompts():
+    """Fig. 2 over prompts (v3 steps 4-5): per prompt, rel_err averaged over its KV heads and 3 seeds;
+    paired t over the 20 prompts of uniform - balancekv (release estimator) at layers 1, 2, 5 and
+    over all layers, T = 1..4, against both uniform baselines; Holm over the 32 cells. > 0 =
+    BalanceKV's error lower (the paper: at every layer and T)."""
+    print("== BalanceKV Fig. 2 over 20 multi_news prompts (3 seeds each; paired over prompts) ==")
+    if not os.path.isfile(BKV_FIG2_PROMPTS):
+        print(f"  BKV-F2       not run: {BKV_FIG2_PROMPTS} missing (configs/paper/balancekv_fig2.json steps 4-5)")
+        print()
+        return
+    with gzip.open(BKV_FIG2_PROMPTS, "rt") as f:
+        rows = list(csv.DictReader(f))
+    err = defaultdict(dict)  # (method, T, layer) -> {sample: rel_err}
+    for r in rows:
+        err[(r["method"], r["setting"], int(r["layer"]))][int(r["sample"])] = float(r["rel_err"])
+    layers = sorted({k[2] for k in err})
+    for (m, t), _ in list({(k[0], k[1]): 0 for k in err}.items()):  # "all": the mean over layers per prompt
+        per = [err[(m, t, l)] for l in layers]
+        common = set.intersection(*(set(p) for p in per))  # prompts with every layer
+        err[(m, t, "all")] = {s: sum(p[s] for p in per) / len(per) for s in common}
+    fam = {}
+    for other in ("uniform", "uniform-halving"):
+        for layer in (0, 1, 4, "all"):  # the paper's layers 1, 2, 5 (1-based), and every layer
+            for T in (1, 2, 3, 4):
+                a, b = err[(other, f"T={T}", layer)], err[("balancekv", f"T={T}", layer)]
+                keys = aligned(a, b)
+                fam[(other, layer if layer == "all" else layer + 1, T)] = paired([a[k] - b[k] for k in keys])
+    with_holm(fam)
+    for other in ("uniform", "uniform-halving"):
+        cells = {(l, T): c for (o, l, T), c in fam.items() if o == other}
+        v = {k: tested_verdict(c, sign=+1) for k, c in cells.items()}
+        for verdict in ("holds", "not separated", "fails"):
+            ks = sorted((k for k in v if v[k] == verdict), key=str)
+            print(f"  BKV-F2       {other} - balancekv(release), Holm over 32 cells: {verdict} in {len(ks)}/16 (layer, T): {ks}")
+        for k in (("all", 1), ("all", 4), (1, 2), (5, 2)):
+            show("BKV-F2", f"{other} - balancekv, layer {k[0]}, T={k[1]}", cells[k], sign=+1, nd=4)
+    print()
+
+
 def buzz_tablea():
     """Fig. 4 / Table A in replay: per prompt, rel_err at T/w minus rel_err at 1.5 (mean over layers
     and heads); > 0 = larger error than at 1.5 (the paper: ROUGE best at 4.5). Unequal memory."""
@@ -628,6 +671,7 @@ def main():
     longeval_qwen()
     clusterability()
     balancekv_fig2()
+    balancekv_fig2_prompts()
     buzz_tablea()
     buzz_table3()
     buzz_table3_segments()
