@@ -41,6 +41,7 @@ struct PplOptionsCmd : RunFolderOptions {
   int64_t max_tokens = 0;  // 0 = 1024, or the model's context when that is shorter
   int64_t segments = 1;
   bool rerotate = false;
+  int64_t compress_every = 0;
   std::string method = "buzz,buzz-logn,h2o,streaming_llm,local";
   std::vector<int64_t> cache_size = {50, 100};
   std::vector<std::string> param;
@@ -59,7 +60,11 @@ struct PplOptionsCmd : RunFolderOptions {
                                 "tokens), each from an empty cache: an interval over segments");
     f.add("rerotate", rerotate, "re-rotate each method's held keys to contiguous positions after every token "
                                 "(StreamingLLM's and BUZZ's code); default: keys keep their cached positions");
-    f.add("method", method, "comma-separated streaming methods (exact = the full cache token by token)");
+    f.add("compress_every", compress_every, "every method compresses what it holds every N tokens to --cache-size "
+          "(kvpress's DecodingPress; then any method that keeps tokens, and each holds --cache-size to --cache-size "
+          "+ N entries) instead of streaming by its own rule; 0 = off");
+    f.add("method", method, "comma-separated streaming methods (exact = the full cache token by token); with "
+          "--compress-every any method that keeps tokens");
     f.add("cache_size", cache_size, "entries per KV head and layer each method may hold, e.g. 50,100");
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
@@ -76,6 +81,7 @@ struct PplOptionsCmd : RunFolderOptions {
                 max_tokens);
     KVLAB_CHECK(!cache_size.empty(), "--cache-size: give at least one size");
     KVLAB_CHECK(segments >= 1, "--segments must be >= 1, got {}", segments);
+    KVLAB_CHECK(compress_every >= 0, "--compress-every must be >= 0 (0 = off), got {}", compress_every);
     KVLAB_CHECK(seed >= 0, "--seed must be >= 0, got {}", seed);
     require_run_keeps(build_methods(method, param, params, "default", "", /*need_files=*/false),
                       "the command's own exact-token flags");
@@ -85,7 +91,8 @@ struct PplOptionsCmd : RunFolderOptions {
 };
 
 nlohmann::json row_json(const PplRow& r) {
-  return {{"method", r.method},       {"cache_size", r.cache_size}, {"rerotate", r.rerotate}, {"n_predicted", r.n_predicted},
+  return {{"method", r.method},       {"cache_size", r.cache_size}, {"rerotate", r.rerotate},
+          {"compress_every", r.compress_every}, {"n_predicted", r.n_predicted},
           {"nll", r.nll},             {"ppl", r.ppl},               {"kl_full", r.kl},
           {"top1_agree", r.top1},     {"kv_bytes_peak", r.kv_bytes_peak}, {"seconds", r.seconds}};
 }
@@ -122,7 +129,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
 
   std::vector<PplBranch> branches;
   for (const auto& m : methods)
-    for (int64_t c : o.cache_size) branches.push_back({m, c, static_cast<uint64_t>(o.seed), o.rerotate});
+    for (int64_t c : o.cache_size) branches.push_back({m, c, static_cast<uint64_t>(o.seed), o.rerotate, o.compress_every});
   check_ppl_branches(model, branches);
   RunDir run = o.open_run(effective);
   auto context_json = context_block(o.device, static_cast<uint64_t>(o.seed), effective);

@@ -409,6 +409,19 @@ TEST_CASE("cli: ppl streams each method's cache from the first token (stories260
   CHECK_FALSE(fs::exists(dir + "/pz"));
   check_one_error(run_kvlab(base + " --method tova --cache-size 16 --rerotate --out " + dir + "/pz"), "--rerotate: tova");
   CHECK_FALSE(fs::exists(dir + "/pz"));
+  // --compress-every N (issue 53): a prefill-only method reads the text too, every branch peaks at
+  // the same bytes (cache size + N entries), and the rule changes a streaming method's numbers.
+  auto ce = run_kvlab(base + " --method knorm,local --cache-size 16 --compress-every 4 --out " + dir + "/pce");
+  REQUIRE_MESSAGE(ce.code == 0, ce.out);
+  const auto ce_rows = read_json_file(dir + "/pce/result.json")["rows"];
+  REQUIRE(ce_rows.size() == 3);  // full, knorm, local
+  CHECK(ce_rows[1]["compress_every"] == 4);
+  CHECK(ce_rows[1]["kv_bytes_peak"] == ce_rows[2]["kv_bytes_peak"]);
+  CHECK(ce_rows[2]["ppl"] != rows[2]["ppl"]);  // local by its own rule (p: full, exact, local)
+  check_one_error(run_kvlab(base + " --method knorm --cache-size 16 --out " + dir + "/pz"), "knorm compresses once");
+  check_one_error(run_kvlab(base + " --method expected_attention --cache-size 16 --compress-every 4 --out " + dir + "/pz"),
+                  "--decode-rule compress: expected_attention un-rotates its keys");
+  CHECK_FALSE(fs::exists(dir + "/pz"));
   // generate --method: the same ids batched and not.
   const std::string gen = "generate --model " + model + " --prompt-ids 1,403,407,261,378,432,383,286,261,376,298,315 "
                           "--method exact,snapkv,streaming_llm,h2o --ratio 0.5 --max-new-tokens 12 --ignore-eos --json";

@@ -40,6 +40,17 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
       LayerKV empty;
       empty.keys = none, empty.values = none;
       empty.layer = l, empty.n_layers = static_cast<int>(c.n_layers);
+      if (b.compress_every > 0) {
+        KVLAB_CHECK(!b.rerotate, "ppl: --compress-every and --rerotate: re-rotation moves a method's own stream; "
+                    "give one of them");
+        check_decoding_compressible(b.method.name);
+        Context fixed;  // what does not run over positions
+        fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
+        layer.stream = start_decoding_stream(b.method.compressor, layer.num, 0, co, 0, {b.compress_every, 256}, l,
+                                             static_cast<int>(c.n_layers), fixed);
+        layers.push_back(std::move(layer));
+        continue;
+      }
       layer.stream = b.method.compressor->start_stream(empty, co);
       KVLAB_CHECK(layer.stream, "ppl: {} compresses once after a prefill and does not stream while decoding; "
                   "ppl streams a cache of --cache-size entries from the first token (see 'kvlab replay "
@@ -143,6 +154,7 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
     r.method = branches[b].method.name;
     r.cache_size = branches[b].cache_size;
     r.rerotate = branches[b].rerotate;
+    r.compress_every = branches[b].compress_every;
     r.n_predicted = n - 1;
     r.nll /= m;
     r.ppl = std::exp(r.nll);

@@ -26,12 +26,17 @@ struct PplBranch {
   // Held keys re-rotated to contiguous positions after every step (cache/rerotation.h), as
   // StreamingLLM's and BUZZ's code do; false = keys keep the positions they were cached at.
   bool rerotate = false;
+  // > 0: the method compresses what it holds every N tokens to cache_size (compress/decoding_stream.h,
+  // kvpress's DecodingPress) instead of streaming by its own rule; it then holds cache_size to
+  // cache_size + N entries. Any method that keeps tokens, not only the streaming ones.
+  int64_t compress_every = 0;
 };
 
 struct PplRow {
   std::string method;
   int64_t cache_size = 0;
   bool rerotate = false;
+  int64_t compress_every = 0;
   int64_t n_predicted = 0;  // tokens 1 .. n-1
   double nll = 0;           // mean negative log-likelihood (nats)
   double ppl = 0;           // exp(nll)
@@ -55,7 +60,8 @@ struct PplOptions {
   std::function<void(int64_t position, int64_t n_tokens)> progress;
 };
 
-// Every branch's method must stream while decoding (Compressor::start_stream), except `exact`
+// Every branch's method must stream while decoding (Compressor::start_stream), or compress every N
+// tokens (PplBranch::compress_every), except `exact`
 // (the full cache again, token by token). Every branch's caches are made before any token is read,
 // so a method that does not stream or a cache size below a method's minimum (BUZZ: n_sink +
 // window + 1) is one error before any work.
