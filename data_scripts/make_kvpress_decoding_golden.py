@@ -7,8 +7,21 @@ PrefillDecodingPress(prefilling_press=KeyDiffPress(r), decoding_press=D) with
   D = DecodingPress(KeyDiffPress(), compression_interval=16, target_size=n_kept after the prefill)
   D = CompressionRatioDecodingPress(KeyDiffPress(), compression_interval=16, target_compression_ratio=r)
 at r = 0.75 (a quarter kept) on the two prompts of make_kvpress_golden.py, NEW_TOKENS greedy tokens
-with EOS ignored, so that the cache is compressed again every 16 decoded tokens (6 times). Recorded:
-the greedy ids and, per layer and KV head, the positions the cache holds at the end.
+with EOS ignored, so that the cache is compressed again every 16 decoded tokens (6 times); and
+DecodingPress(SnapKVPress(window 16, kernel 5), compression_interval=32) over 256 greedy tokens (7
+times). Recorded: the greedy ids and, per layer and KV head, the positions the cache holds at the end.
+
+One change to kvpress, made here and recorded in the fixture ("cache_order"): the entries a
+compression keeps are stored in position order. kvpress stores them in top-k order (descending
+score; ScorerPress.compress gathers scores.topk(...).indices), so at the next compression SnapKV's
+avg_pool1d over the key axis smooths each score with its neighbours in the previous compression's
+ranking rather than in the text, unlike at the prefill; attention itself and KeyDiff's scores do not
+depend on the order. kvlab holds entries in position order, and SnapKV pools over positions, as its
+paper and kvpress's prefill do.
+
+SnapKV while decoding scores with the last 16 of the hidden states buffered since the last
+compression, turned into queries with the RoPE of the step that compresses (its position_embeddings
+hold that one position): kvlab's DecodingRule::queries_at_newest reproduces that convention.
 
 Why KeyDiff and not Knorm: RoPE keeps a key's norm, so at layer 0 a token repeated at two positions
 ties exactly under Knorm; once top-k breaks such a tie otherwise than kvpress (float rounding), layer
@@ -38,6 +51,9 @@ import torch  # noqa: E402
 RATIO = 0.75          # kvpress's compression_ratio: the fraction removed
 INTERVAL = 16         # decoded tokens between compressions
 NEW_TOKENS = 100      # greedy tokens: the first from the prefill, then 99 decode steps (6 compressions)
+SNAPKV = {"window_size": 16, "kernel_size": 5}  # its window must be below the 32 buffered hidden states
+SNAPKV_INTERVAL = 32  # SnapKV: every 32 decoded tokens ...
+SNAPKV_TOKENS = 256   # ... over 256 greedy tokens (7 compressions while decoding)
 TIE_RTOL = 1e-5       # scores this close (relative) to the cut's are ties that rounding decides
 
 
@@ -73,13 +89,18 @@ class Tracker:
                 before = [b + list(range(newest - extra + 1, newest + 1)) for b in before]
             assert all(len(b) == k_len for b in before), (layer, k_len)
             k2, v2 = inner(module, hidden_states, keys, values, attentions, kwargs)
+            k2, v2 = k2.clone(), v2.clone()
             after = []
             band = self.band.setdefault(layer, [set() for _ in range(keys.shape[1])])
             for h in range(keys.shape[1]):
                 eq = (k2[0, h][:, None, :] == keys[0, h][None, :, :]).all(-1)  # [m', k_len]
                 assert bool((eq.sum(1) == 1).all()), f"layer {layer} head {h}: a kept key not found once"
                 idx = eq.int().argmax(1).tolist()
-                after.append([before[h][i] for i in idx])
+                # Position order (see the module's docstring): the kept entries of this head sorted by position.
+                order = sorted(range(len(idx)), key=lambda j: before[h][idx[j]])
+                perm = torch.tensor(order, dtype=torch.long)
+                k2[0, h], v2[0, h] = k2[0, h][perm].clone(), v2[0, h][perm].clone()
+                after.append([before[h][idx[j]] for j in order])
                 if k2.shape[2] < k_len:  # the near-ties at the cut, where rounding or top-k's order decides
                     sc = seen["scores"][0, h].double()
                     kth = sc.topk(k2.shape[2]).values[-1]
@@ -141,38 +162,44 @@ def main():
                                                  attn_implementation="sdpa")
     model.eval()
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
+    # (decoding press, scorer, its kwargs, compression interval, greedy tokens)
+    runs = [("DecodingPress", "KeyDiffPress", {}, INTERVAL, NEW_TOKENS),
+            ("CompressionRatioDecodingPress", "KeyDiffPress", {}, INTERVAL, NEW_TOKENS),
+            ("DecodingPress", "SnapKVPress", SNAPKV, SNAPKV_INTERVAL, SNAPKV_TOKENS)]
     configs = []
-    for rule in ("DecodingPress", "CompressionRatioDecodingPress"):
+    for rule, scorer_name, kw, interval, n_new in runs:
         results = []
         for p in base.PROMPTS:
             ids = tok.encode(base.prompt_text(p), add_special_tokens=True).ids[: p["n_tokens"]]
             n = len(ids)
             n_kept = max(1, int(n * (1 - RATIO)))
             tracker = Tracker()
-            prefill = tracker.wrap(kvpress.KeyDiffPress(compression_ratio=RATIO))
-            scorer = tracker.wrap(kvpress.KeyDiffPress())
+            make = getattr(kvpress, scorer_name)
+            prefill = tracker.wrap(make(compression_ratio=RATIO, **kw))
+            scorer = tracker.wrap(make(**kw))
             if rule == "DecodingPress":
-                dec = kvpress.DecodingPress(base_press=scorer, compression_interval=INTERVAL, target_size=n_kept)
+                dec = kvpress.DecodingPress(base_press=scorer, compression_interval=interval, target_size=n_kept)
             else:
-                dec = kvpress.CompressionRatioDecodingPress(base_press=scorer, compression_interval=INTERVAL,
+                dec = kvpress.CompressionRatioDecodingPress(base_press=scorer, compression_interval=interval,
                                                             target_compression_ratio=RATIO)
             press = kvpress.PrefillDecodingPress(prefilling_press=prefill, decoding_press=dec)
             with torch.no_grad():
-                ids_out, lens = greedy(model, press, torch.tensor([ids], dtype=torch.long), NEW_TOKENS)
-            total = n + NEW_TOKENS - 1  # positions the cache has seen
+                ids_out, lens = greedy(model, press, torch.tensor([ids], dtype=torch.long), n_new)
+            total = n + n_new - 1  # positions the cache has seen
             held = tracker.positions(n_layers, n_heads, total)
             assert all(len(h) == lens[l] for l in range(n_layers) for h in held[l]), "held counts"
             band = [[sorted(tracker.band.get(l, [set()] * n_heads)[h]) for h in range(n_heads)] for l in range(n_layers)]
             results.append({"prompt": p["name"], "ids": ids, "n": n, "prefill_kept": n_kept,
                             "greedy_ids": ids_out, "cache_len_end": lens[0], "held_end": held, "tie_band": band})
-            print(f"{rule:30s} {p['name']:24s} n={n} kept={n_kept} end={lens[0]} ids={ids_out[:6]}", flush=True)
-        configs.append({"name": rule, "scorer": "KeyDiffPress", "prefill_compression_ratio": RATIO,
-                        "compression_interval": INTERVAL,
+            print(f"{rule:30s} {scorer_name:13s} {p['name']:24s} n={n} kept={n_kept} end={lens[0]} ids={ids_out[:6]}",
+                  flush=True)
+        configs.append({"name": rule, "scorer": scorer_name, "scorer_params": kw, "prefill_compression_ratio": RATIO,
+                        "compression_interval": interval, "new_tokens": n_new,
                         "target": "target_size = prefill_kept" if rule == "DecodingPress"
                         else f"max(1, int(tokens seen * (1 - {RATIO})))",
                         "results": results})
     out = {
-        "version": 1,
+        "version": 2,
         "generator": "data_scripts/make_kvpress_decoding_golden.py",
         "versions": {"kvpress": pkg_version("kvpress"), "transformers": transformers.__version__,
                      "torch": torch.__version__},
@@ -180,6 +207,8 @@ def main():
         "generation": f"prefill inside the press, first token = argmax of the prefill logits, then {NEW_TOKENS - 1} "
                       "greedy decode steps inside the press at positions n, n+1, ...; EOS ignored",
         "held_end": "per layer, per KV head: the sorted positions the cache holds after the last token",
+        "cache_order": "the entries each compression keeps are stored in position order (kvpress: top-k order); "
+                       "see the generator's docstring",
         "tie_band": "per layer, per KV head: the positions whose score was within %g (relative) of the cut's at a "
                     "compression (prefill or decoding) where that set held kept and dropped entries: rounding or "
                     "top-k's order decides them" % TIE_RTOL,

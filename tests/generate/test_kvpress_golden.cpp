@@ -618,12 +618,16 @@ TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and gree
 }
 
 TEST_CASE("kvpress differential: compression while decoding equals DecodingPress and CompressionRatioDecodingPress (issue 53)") {
-  // data_scripts/make_kvpress_decoding_golden.py: KeyDiffPress at the prefill, then every 16 decoded
-  // tokens again, to target_size (DecodingPress) or to a quarter of the tokens seen
-  // (CompressionRatioDecodingPress); 100 greedy tokens, EOS ignored: six compressions while decoding.
+  // data_scripts/make_kvpress_decoding_golden.py: the scorer at the prefill, then again every N
+  // decoded tokens, to target_size (DecodingPress) or to a quarter of the tokens seen
+  // (CompressionRatioDecodingPress), EOS ignored: KeyDiffPress every 16 over 100 tokens (six
+  // compressions while decoding), SnapKVPress(window 16, kernel 5) every 32 over 256 (seven). The
+  // golden stores kept entries in position order (kvpress: top-k order, which SnapKV's pooling then
+  // runs over; the script's docstring), and kvlab scores with kvpress's query convention
+  // (DecodingRule::queries_at_newest), which must matter.
   const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/decoding_smollm2.json");
-  REQUIRE(g["version"].get<int>() == 1);
+  REQUIRE(g["version"].get<int>() == 2);
   if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
     MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
     return;
@@ -631,23 +635,30 @@ TEST_CASE("kvpress differential: compression while decoding equals DecodingPress
   c10::InferenceMode guard;
   Model model = load_model(gguf);
   const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
-  int compared = 0, changed_by_the_rule = 0, in_band = 0;
+  int compared = 0, changed_by_the_rule = 0, in_band = 0, changed_by_query_positions = 0;
   for (const auto& c : g["configs"]) {
     const bool fixed = c["name"].get<std::string>() == "DecodingPress";
-    const int64_t every = c["compression_interval"].get<int64_t>();
+    const bool snapkv = c["scorer"].get<std::string>() == "SnapKVPress";
+    const int64_t every = c["compression_interval"].get<int64_t>(), n_new = c["new_tokens"].get<int64_t>();
     const double kept = 1.0 - c["prefill_compression_ratio"].get<double>();
+    const int64_t window = snapkv ? c["scorer_params"]["window_size"].get<int64_t>() : 0;
+    const MethodSpec method =
+        snapkv ? method_spec("snapkv", {{"window", window}, {"kernel", c["scorer_params"]["kernel_size"]}, {"pooling", "avg"}})
+               : method_spec("keydiff");
     for (const auto& r : c["results"]) {
-      INFO(c["name"].get<std::string>() << " on " << r["prompt"].get<std::string>());
+      INFO(c["name"].get<std::string>() << "(" << c["scorer"].get<std::string>() << ") on " << r["prompt"].get<std::string>());
       const auto ids = r["ids"].get<std::vector<int64_t>>();
-      const Prefill pre = run_prefill(model, ids, 0);
+      const Prefill pre = run_prefill(model, ids, window);
       const Budget budget = fixed ? Budget::of_entries(r["prefill_kept"].get<int64_t>()) : Budget::of_ratio(kept);
-      BranchSpec spec{method_spec("keydiff"), budget};
+      BranchSpec spec{method, budget};
       spec.decoding.every = every;
+      spec.decoding.queries_at_newest = true;  // kvpress's scorers see the buffered queries at the newest position
       BranchOptions bo;
-      bo.max_new_tokens = static_cast<int64_t>(r["greedy_ids"].size());
+      bo.max_new_tokens = n_new;
       bo.stop_at_eos = false;
       bo.keep_kept = true;
       const BranchResult br = run_branch(model, pre, spec, bo);
+      REQUIRE(static_cast<int64_t>(r["greedy_ids"].size()) == n_new);
       CHECK(br.ids == r["greedy_ids"].get<std::vector<int64_t>>());
       // Held positions equal outside the near-ties at some cut.
       for (int64_t l = 0; l < n_layers; ++l)
@@ -665,21 +676,27 @@ TEST_CASE("kvpress differential: compression while decoding equals DecodingPress
           in_band += !band.empty();
         }
       // Equal memory at every step: the held count returns to the target at each compression and
-      // grows by `every` before the next; at most before the last one (5 x 16 tokens decoded earlier).
-      const int64_t n = static_cast<int64_t>(ids.size());
-      const int64_t last_target = fixed ? r["prefill_kept"].get<int64_t>() : budget.entries_for(n + 5 * every);
+      // grows by `every` before the next; at most just before the last one.
+      const int64_t n = static_cast<int64_t>(ids.size()), k = (n_new - 1) / every;
+      const int64_t last_target = fixed ? r["prefill_kept"].get<int64_t>() : budget.entries_for(n + (k - 1) * every);
       CHECK(br.entries_peak == doctest::Approx(double(last_target + every)));
       // The rule is what made them equal: without it the decoded tokens pile up and the ids differ.
-      BranchSpec once{method_spec("keydiff"), budget};
-      const BranchResult plain = run_branch(model, pre, once, bo);
+      const BranchResult plain = run_branch(model, pre, BranchSpec{method, budget}, bo);
       if (plain.ids != br.ids) ++changed_by_the_rule;
       CHECK(plain.entries_peak > br.entries_peak + 50);
+      if (snapkv) {  // kvlab's own convention (each buffered query at its position) scores otherwise
+        BranchSpec own = spec;
+        own.decoding.queries_at_newest = false;
+        const BranchResult other = run_branch(model, pre, own, bo);
+        if (other.kept != br.kept) ++changed_by_query_positions;
+      }
       ++compared;
     }
   }
   MESSAGE(compared << " long generations compressed while decoding compared with kvpress; " << changed_by_the_rule
                    << " of them decode otherwise without the rule; " << in_band << " of " << compared * n_layers * h_kv
                    << " (layer, KV head) cells had a near-tie at some cut");
-  CHECK(compared == 4);
+  CHECK(compared == 6);
   CHECK(changed_by_the_rule >= 1);
+  CHECK(changed_by_query_positions >= 1);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kvlab/attention/rope.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -80,11 +81,15 @@ class DecodingStream final : public LayerStream {
     LayerKV kv;
     kv.keys = held_.keys;      // [Hkv, m, d]
     kv.values = held_.values;  // [Hkv, m, d]
+    const int64_t newest = held_.pos.select(1, m - 1)[0].item<int64_t>();
     if (queries_.defined() && queries_.size(1) > 0) {
       kv.queries = queries_;      // [Hq, t, d]
-      kv.query_pos = query_pos_;  // [t]
+      kv.query_pos = query_pos_;  // [t], the causal mask's
+      if (rule_.queries_at_newest) {
+        const at::Tensor delta = (newest - query_pos_).unsqueeze(0).expand({queries_.size(0), queries_.size(1)});
+        kv.queries = rotate_by(queries_, delta.contiguous(), context_.get(inputs::rope_inv_freq));
+      }
     }
-    const int64_t newest = held_.pos.select(1, m - 1)[0].item<int64_t>();
     kv.pos0 = newest + 1 - m;  // contiguous positions ending at the newest token (see the header)
     if (prefix_keys.defined() && prefix_keys.size(1) > 0) kv.prefix_keys = prefix_keys;
     kv.layer = layer_;

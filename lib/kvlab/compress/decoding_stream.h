@@ -14,7 +14,7 @@
 //                             the prefix of every query's softmax;
 //   queries [Hq, t, d]        the queries of the tokens decoded since the last compression (at
 //                             most `buffer` of them, kvpress's hidden_states_buffer_size), at
-//                             their true positions;
+//                             their true positions (or all at the newest: queries_at_newest);
 //   pos0                      the held keys sit at contiguous positions ending at the newest token
 //                             (the tokens decoded since the last compression are contiguous there,
 //                             so causality between them and the buffered queries is exact; every
@@ -36,6 +36,12 @@ namespace kvlab {
 struct DecodingRule {
   int64_t every = 512;   // decoded tokens between compressions (kvpress: compression_interval 512)
   int64_t buffer = 256;  // the most recent queries a compression may score with (kvpress: 256)
+  // kvpress's convention: its scorers rebuild the buffered queries from hidden states with the RoPE
+  // of the step that compresses (position_embeddings hold only that position), so every buffered
+  // query is rotated as if it sat at the newest position; the causal mask stays by index. true =
+  // the same (needs inputs::rope_inv_freq in the context); false (kvlab's default) = each query at
+  // its own position.
+  bool queries_at_newest = false;
 };
 
 // held: keys, values [Hkv, m, d], pos [Hkv, m] int64 true positions in increasing order per head,

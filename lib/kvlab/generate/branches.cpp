@@ -151,6 +151,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
       KVLAB_CHECK(!spec.rerotate, "--decode-rule compress: the branch cannot also re-rotate");
       Context fixed;  // what does not run over positions: the held entries are not the prompt's
       fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
+      fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(l));  // for the stream (queries_at_newest)
       compress_while_decoding(layers.back(), spec.method.compressor, co, spec.count_whole, spec.decoding, l, n_layers,
                               fixed);
     }

@@ -46,6 +46,7 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
         check_decoding_compressible(b.method.name);
         Context fixed;  // what does not run over positions
         fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
+        fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(l));  // for the stream (queries_at_newest)
         layer.stream = start_decoding_stream(b.method.compressor, layer.num, 0, co, 0, {b.compress_every, 256}, l,
                                              static_cast<int>(c.n_layers), fixed);
         layers.push_back(std::move(layer));
