@@ -161,6 +161,17 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   return {"", json()};
 }
 
+// The GGUF a golden was made from (models/smollm2-135m/*.gguf, with the golden's sha256), or ""
+// after saying why the case is skipped.
+std::string golden_gguf(const json& g) {
+  const std::string gguf = smollm2_gguf();
+  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
+    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
+    return "";
+  }
+  return gguf;
+}
+
 }  // namespace
 
 TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (issue 22)") {
@@ -390,13 +401,10 @@ using test::method_spec;
 // counts; and greedy decoding through the cache (first token from the exact prefill, as kvpress's
 // pipeline) gives kvpress's ids.
 TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and greedy ids (issue 22)") {
-  const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/kvzip_smollm2.json");
   REQUIRE(g["version"].get<int>() == 1);
-  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
-    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
-    return;
-  }
+  const std::string gguf = golden_gguf(g);
+  if (gguf.empty()) return;
   c10::InferenceMode guard;
   Model model = load_model(gguf);
   const Tokenizer tok = load_model_tokenizer(model.source);
@@ -484,12 +492,9 @@ TEST_CASE("kvpress differential: kvzip's reconstruction scores, kept sets and gr
 // golden's 1,170-token chat prompt its kept sets differed from KVzipPress's in 14,988 entries. The
 // command's own path, ids in, --kept-out out, against the golden.
 TEST_CASE("kvpress differential: kvlab generate --prompt-ids keeps KVzipPress's sets on a 1,170-token chat prompt") {
-  const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/kvzip_smollm2.json");
-  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
-    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
-    return;
-  }
+  const std::string gguf = golden_gguf(g);
+  if (gguf.empty()) return;
   const std::string name = "pg_addiction_question+chat_template";
   std::vector<int64_t> ids;
   for (const auto& pr : g["prompts"])
@@ -534,13 +539,10 @@ TEST_CASE("kvpress differential: kvlab generate --prompt-ids keeps KVzipPress's 
 // that makes kvlab stream as many heads as kvpress (m = round(L·H·ratio)), the kept positions of
 // every (layer, KV head) and the greedy ids equal kvpress's (fill=false: kvpress's fixed window).
 TEST_CASE("kvpress differential: duo_attention's head scores, kept sets and greedy ids (issue 22)") {
-  const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/duo_smollm2.json");
   REQUIRE(g["version"].get<int>() == 1);
-  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
-    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
-    return;
-  }
+  const std::string gguf = golden_gguf(g);
+  if (gguf.empty()) return;
   c10::InferenceMode guard;
   Model model = load_model(gguf);
   const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
@@ -625,13 +627,10 @@ TEST_CASE("kvpress differential: compression while decoding equals DecodingPress
   // golden stores kept entries in position order (kvpress: top-k order, which SnapKV's pooling then
   // runs over; the script's docstring), and kvlab scores with kvpress's query convention
   // (DecodingRule::queries_at_newest), which must matter.
-  const std::string gguf = smollm2_gguf();
   const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/decoding_smollm2.json");
   REQUIRE(g["version"].get<int>() == 2);
-  if (gguf.empty() || sha256_file_hex(gguf) != g["model"]["gguf_sha256"].get<std::string>()) {
-    MESSAGE("skipped: models/smollm2-135m/*.gguf missing or not the GGUF the golden was made from");
-    return;
-  }
+  const std::string gguf = golden_gguf(g);
+  if (gguf.empty()) return;
   c10::InferenceMode guard;
   Model model = load_model(gguf);
   const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
