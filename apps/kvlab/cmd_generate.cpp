@@ -267,7 +267,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
         if (m.name != "exact") {
           KVLAB_CHECK(!m.quant, "--method {}: a cache compressed while decoding is not stored quantized yet (issue "
                       "52); drop --compress-every", m.label());
-          check_decoding_compressible(m.name);
+          check_decoding_compressible(m.name, *m.compressor, o.compress_every);
         }
     for (const auto& m : methods)
       KVLAB_CHECK(o.prefill_only || o.compress_every > 0 || m.keep_last_or(o.keep_last) == 0 ||

@@ -67,7 +67,7 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
       if (m.name == "exact") continue;  // the full cache (quantized or not) never compresses
       KVLAB_CHECK(!m.quant, "--method {}: under --decode-rule compress a cache compressed while decoding is not "
                   "stored quantized yet (issue 52); give --decode-rule prefill", m.label());
-      check_decoding_compressible(m.name);
+      check_decoding_compressible(m.name, *m.compressor, plan.protocol.every);
     }
   std::vector<const Compressor*> compressors;
   for (const auto& m : methods) compressors.push_back(m.compressor.get());

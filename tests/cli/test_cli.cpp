@@ -411,13 +411,15 @@ TEST_CASE("cli: ppl streams each method's cache from the first token (stories260
   CHECK_FALSE(fs::exists(dir + "/pz"));
   // --compress-every N (issue 53): a prefill-only method reads the text too, every branch peaks at
   // the same bytes (cache size + N entries), and the rule changes a streaming method's numbers.
-  auto ce = run_kvlab(base + " --method knorm,local --cache-size 16 --compress-every 4 --out " + dir + "/pce");
+  auto ce = run_kvlab(base + " --method exact,knorm,local --cache-size 16 --compress-every 4 --out " + dir + "/pce");
   REQUIRE_MESSAGE(ce.code == 0, ce.out);
   const auto ce_rows = read_json_file(dir + "/pce/result.json")["rows"];
-  REQUIRE(ce_rows.size() == 3);  // full, knorm, local
-  CHECK(ce_rows[1]["compress_every"] == 4);
-  CHECK(ce_rows[1]["kv_bytes_peak"] == ce_rows[2]["kv_bytes_peak"]);
-  CHECK(ce_rows[2]["ppl"] != rows[2]["ppl"]);  // local by its own rule (p: full, exact, local)
+  REQUIRE(ce_rows.size() == 4);  // full, exact, knorm, local
+  CHECK(ce_rows[1]["compress_every"] == 0);  // the full cache never compresses
+  CHECK(ce_rows[1]["ppl"].get<double>() == doctest::Approx(ce_rows[0]["ppl"].get<double>()).epsilon(1e-6));
+  CHECK(ce_rows[2]["compress_every"] == 4);
+  CHECK(ce_rows[2]["kv_bytes_peak"] == ce_rows[3]["kv_bytes_peak"]);
+  CHECK(ce_rows[3]["ppl"] != rows[2]["ppl"]);  // local by its own rule (p: full, exact, local)
   check_one_error(run_kvlab(base + " --method knorm --cache-size 16 --out " + dir + "/pz"), "knorm compresses once");
   check_one_error(run_kvlab(base + " --method expected_attention --cache-size 16 --compress-every 4 --out " + dir + "/pz"),
                   "--decode-rule compress: expected_attention un-rotates its keys");
@@ -890,7 +892,7 @@ TEST_CASE("cli: quantized branches by name in a task command and replay (issue 5
 
   // --decode-rule compress:N (issue 53): every method, streaming ones too, holds the same entries
   // at every step; a method whose held set is not tokens is refused naming it, before the model loads.
-  auto dc = run_kvlab(niah + "--method snapkv,h2o,streaming_llm --decode-rule compress:2 --out " + dir + "/compress");
+  auto dc = run_kvlab(niah + "--method knorm,h2o,streaming_llm --decode-rule compress:2 --out " + dir + "/compress");
   REQUIRE_MESSAGE(dc.code == 0, dc.out);
   const auto compressed = nlohmann::json::parse(test::read_file(dir + "/compress/result.json"));
   std::set<double> peaks;
@@ -899,6 +901,11 @@ TEST_CASE("cli: quantized branches by name in a task command and replay (issue 5
     if (row["method"] != "exact") peaks.insert(row["entries_peak"].get<double>());
   }
   CHECK(peaks.size() == 1);
+  // snapkv scores with its last 32 queries; a compression every 2 tokens sees 2: refused, not starved.
+  auto sk = run_kvlab(niah + "--method snapkv --decode-rule compress:2 --out " + dir + "/sk");
+  CHECK(sk.code != 0);
+  CHECK(sk.out.find("--decode-rule compress:2: snapkv scores with its last") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir + "/sk"));
   auto ea = run_kvlab(niah + "--method expected_attention --decode-rule compress --out " + dir + "/ea");
   CHECK(ea.code != 0);
   CHECK(ea.out.find("--decode-rule compress: expected_attention un-rotates its keys") != std::string::npos);

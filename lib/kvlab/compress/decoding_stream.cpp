@@ -116,7 +116,10 @@ class DecodingStream final : public LayerStream {
 
 }  // namespace
 
-void check_decoding_compressible(const std::string& name) {
+void check_decoding_compressible(const std::string& name, const Compressor& method, int64_t every) {
+  const int64_t seen = std::min<int64_t>(every, DecodingRule{}.buffer), wants = method.observation_queries();
+  KVLAB_CHECK(wants <= seen, "--decode-rule compress:{}: {} scores with its last {} queries, and a compression sees "
+              "the {} decoded since the last one; give N >= {} or a smaller window", every, name, wants, seen, wants);
   const CompressorInfo& info = compressor_info(name);
   KVLAB_CHECK(!info.reads(inputs::rope_inv_freq), "--decode-rule compress: {} un-rotates its keys by their "
               "positions, and the entries held after a compression no longer sit at contiguous positions; give "

@@ -55,7 +55,9 @@ std::unique_ptr<LayerStream> start_decoding_stream(std::shared_ptr<const Compres
                                                    const Context& context);
 
 // Refuses, naming the method and --decode-rule, a method the rule cannot drive (see above) from
-// what its registry entry says; `name` is the method's name.
-void check_decoding_compressible(const std::string& name);
+// what its registry entry says (`name`: its registry name), and one that scores with more queries
+// than a compression every `every` tokens sees (its observation window above min(every, 256)): as
+// at the prefill, a method never silently gets fewer queries than it asks for.
+void check_decoding_compressible(const std::string& name, const Compressor& method, int64_t every);
 
 }  // namespace kvlab

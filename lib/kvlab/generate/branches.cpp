@@ -116,7 +116,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
   const ReconstructionRequest rq = spec.method.compressor->reconstruction();
   // --decode-rule compress: every method but the full cache compresses again while decoding.
   const bool decodes = spec.decoding.every > 0 && spec.method.name != "exact";
-  if (decodes) check_decoding_compressible(spec.method.name);
+  if (decodes) check_decoding_compressible(spec.method.name, *spec.method.compressor, spec.decoding.every);
   for (int l = 0; l < n_layers; ++l) {
     if (l < static_cast<int>(prefill.windows.size()) && prefill.windows[l] > 0) {
       layers.push_back(window_layer(prefill.k[l], prefill.v[l], prefill.windows[l]));

@@ -43,7 +43,7 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
       if (b.compress_every > 0) {
         KVLAB_CHECK(!b.rerotate, "ppl: --compress-every and --rerotate: re-rotation moves a method's own stream; "
                     "give one of them");
-        check_decoding_compressible(b.method.name);
+        check_decoding_compressible(b.method.name, *b.method.compressor, b.compress_every);
         Context fixed;  // what does not run over positions
         fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
         fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(l));  // for the stream (queries_at_newest)
@@ -155,7 +155,7 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
     r.method = branches[b].method.name;
     r.cache_size = branches[b].cache_size;
     r.rerotate = branches[b].rerotate;
-    r.compress_every = branches[b].compress_every;
+    r.compress_every = branches[b].method.name == "exact" ? 0 : branches[b].compress_every;  // the full cache never compresses
     r.n_predicted = n - 1;
     r.nll /= m;
     r.ppl = std::exp(r.nll);
