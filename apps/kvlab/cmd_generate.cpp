@@ -138,7 +138,7 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
   for (const auto& m : methods)
     for (const auto& b : budgets) {
       specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
-                       !o.prefill_only, /*count_whole=*/true, o.rerotate, DecodingRule{o.compress_every, 256}});
+                       !o.prefill_only, /*count_whole=*/true, o.rerotate, DecodingRule{o.compress_every}});
       BranchOptions bo;
       bo.keep_kept = !o.kept_out.empty();
       bo.max_new_tokens = o.max_new_tokens;

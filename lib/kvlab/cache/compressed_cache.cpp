@@ -194,15 +194,13 @@ void compress_while_decoding(CompressedLayer& l, std::shared_ptr<const Compresso
   KVLAB_CHECK(method, "compress_while_decoding: no method");
   KVLAB_CHECK(!l.stream && l.window == 0 && !l.ragged(), "--decode-rule compress: layer {} already streams, slides "
               "or holds heads apart", layer);
-  KVLAB_CHECK(!l.has_den() && l.logit_scale == 1.0, "--decode-rule compress: {} keeps a separate denominator set or "
-              "scales its logits, so what it holds is not tokens the next compression can score; give "
-              "--decode-rule prefill or stream", method->name());
   const int64_t m = l.num.keys.size(1), p = std::min(l.prefix, m);
   KVSet held;  // the entries after the prefix: keys, values [Hkv, m - p, d], bias, true positions
   held.keys = l.num.keys.narrow(1, p, m - p);
   held.values = l.num.values.narrow(1, p, m - p);
   held.bias = l.num.bias.defined() ? l.num.bias.narrow(1, p, m - p) : at::Tensor();
   held.pos = (l.origin.defined() ? l.origin : l.num.pos).narrow(1, p, m - p).contiguous();
+  require_tokens(method->name(), held.pos, held.bias, l.has_den(), l.logit_scale);
   l.stream = start_decoding_stream(std::move(method), std::move(held), l.n_positions - p, opt, count_whole ? p : 0,
                                    rule, layer, n_layers, context);
   l.num = KVSet{l.num.keys.narrow(1, 0, p), l.num.values.narrow(1, 0, p),

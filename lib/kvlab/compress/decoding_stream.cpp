@@ -12,16 +12,7 @@ namespace {
 // A compression's result as held tokens: indices into the held set [Hkv, m'] in position order, or
 // an error naming the method when it did not keep tokens one to one with weight 1.
 at::Tensor kept_tokens(const CompressedKV& cr, const std::string& name) {
-  const std::string why =
-      !cr.kept_idx.defined() || (cr.kept_idx < 0).any().item<bool>()
-          ? "merges entries"
-          : cr.has_separate_den()   ? "keeps a separate denominator set"
-          : cr.logit_scale != 1.0   ? "scales the layer's logits"
-          : cr.bias.defined() && !(cr.bias == 0).all().item<bool>()
-              ? "weighs its entries or keeps different counts per KV head"
-              : "";
-  KVLAB_CHECK(why.empty(), "--decode-rule compress: {} {}, so what it holds is not tokens the next compression can "
-              "score; give --decode-rule prefill or stream", name, why);
+  require_tokens(name, cr.kept_idx, cr.bias, cr.has_separate_den(), cr.logit_scale);
   return std::get<0>(cr.kept_idx.sort(1));  // [Hkv, m'] int64
 }
 
@@ -33,13 +24,8 @@ class DecodingStream final : public LayerStream {
         prefix_counted_(prefix_counted), rule_(rule), layer_(layer), n_layers_(n_layers), context_(context) {
     KVLAB_CHECK(rule_.every >= 1, "--decode-rule compress:N: N must be >= 1, got {}", rule_.every);
     KVLAB_CHECK(rule_.buffer >= 0, "decoding rule: the query buffer must be >= 0, got {}", rule_.buffer);
-    const std::string name = method_->name();
-    KVLAB_CHECK(held_.pos.defined() && held_.pos.dim() == 2 && (held_.pos >= 0).all().item<bool>(),
-                "--decode-rule compress: {} merges entries, so what it holds is not tokens the next compression "
-                "can score; give --decode-rule prefill or stream", name);
-    KVLAB_CHECK(!held_.bias.defined() || (held_.bias == 0).all().item<bool>(),
-                "--decode-rule compress: {} weighs its entries or keeps different counts per KV head, so what it "
-                "holds is not tokens the next compression can score; give --decode-rule prefill or stream", name);
+    KVLAB_CHECK(held_.pos.defined() && held_.pos.dim() == 2, "start_decoding_stream: pos must be [Hkv, m]");
+    require_tokens(method_->name(), held_.pos, held_.bias, false, 1.0);
     held_.bias = at::zeros({held_.keys.size(0), held_.keys.size(1)}, held_.keys.options());
     held_ = gather_entries(held_, std::get<1>(held_.pos.sort(1)));  // position order per head
   }
@@ -115,6 +101,18 @@ class DecodingStream final : public LayerStream {
 };
 
 }  // namespace
+
+void require_tokens(const std::string& name, const at::Tensor& index, const at::Tensor& bias, bool separate_den,
+                    double logit_scale) {
+  const char* why = !index.defined() || (index < 0).any().item<bool>() ? "merges entries"
+                    : separate_den                                      ? "keeps a separate denominator set"
+                    : logit_scale != 1.0                                ? "scales the layer's logits"
+                    : bias.defined() && !(bias == 0).all().item<bool>()
+                        ? "weighs its entries or keeps different counts per KV head"
+                        : nullptr;
+  KVLAB_CHECK(!why, "--decode-rule compress: {} {}, so what it holds is not tokens the next compression can score; "
+              "give --decode-rule prefill or stream", name, why ? why : "");
+}
 
 void check_decoding_compressible(const std::string& name, const Compressor& method, int64_t every) {
   const int64_t seen = std::min<int64_t>(every, DecodingRule{}.buffer), wants = method.observation_queries();

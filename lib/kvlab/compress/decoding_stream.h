@@ -54,6 +54,13 @@ std::unique_ptr<LayerStream> start_decoding_stream(std::shared_ptr<const Compres
                                                    const DecodingRule& rule, int layer, int n_layers,
                                                    const Context& context);
 
+// Refuses, naming the method, a compressed set that is not tokens held one to one with weight 1:
+// index [Hkv, m] (kept indices or positions; < 0 or undefined = merged), bias [Hkv, m] (nonzero =
+// weighted or padding), a separate denominator, a logit scale. The one test of "is it tokens" that
+// the prefill's result and every compression while decoding go through.
+void require_tokens(const std::string& name, const at::Tensor& index, const at::Tensor& bias, bool separate_den,
+                    double logit_scale);
+
 // Refuses, naming the method and --decode-rule, a method the rule cannot drive (see above) from
 // what its registry entry says (`name`: its registry name), and one that scores with more queries
 // than a compression every `every` tokens sees (its observation window above min(every, 256)): as

@@ -21,19 +21,24 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+std::optional<int64_t> parse_int64(const std::string& s) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (s.empty() || used != s.size()) return std::nullopt;
+  return v;
+}
+
 std::vector<int64_t> parse_id_list(const std::string& s, const std::string& flag) {
   std::vector<int64_t> ids;
   for (const auto& item : split(s, ',')) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    KVLAB_CHECK(!item.empty() && used == item.size() && v >= 0,
-                "{} '{}': expected comma-separated non-negative integers, bad item '{}'", flag, s, item);
-    ids.push_back(v);
+    const std::optional<int64_t> v = parse_int64(item);
+    KVLAB_CHECK(v && *v >= 0, "{} '{}': expected comma-separated non-negative integers, bad item '{}'", flag, s, item);
+    ids.push_back(*v);
   }
   return ids;
 }
@@ -82,16 +87,8 @@ std::vector<int> parse_index_list(const std::string& spec, int n, const std::str
 void check_queries_spec(const std::string& spec, const std::string& flag) {
   if (spec == "all") return;
   KVLAB_CHECK(spec.rfind("last:", 0) == 0, "{}: expected 'all' or 'last:N', got '{}'", flag, spec);
-  std::string num = spec.substr(5);
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(num, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KVLAB_CHECK(!num.empty() && used == num.size() && v > 0,
-              "{}: expected 'all' or 'last:N' with N > 0, got '{}'", flag, spec);
+  const std::optional<int64_t> v = parse_int64(spec.substr(5));
+  KVLAB_CHECK(v && *v > 0, "{}: expected 'all' or 'last:N' with N > 0, got '{}'", flag, spec);
 }
 
 int64_t parse_queries_spec(const std::string& spec, int64_t n, const std::string& flag) {

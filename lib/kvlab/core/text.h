@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +10,8 @@
 namespace kvlab {
 
 std::vector<std::string> split(const std::string& s, char sep);
+// All of `s` as an integer (std::stoll's syntax, nothing left over); nullopt when it is not one.
+std::optional<int64_t> parse_int64(const std::string& s);
 // Every occurrence of `from` replaced by `to`, left to right, without overlaps (Python's
 // str.replace); an empty `from` leaves s as it is.
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to);

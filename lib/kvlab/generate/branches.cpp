@@ -17,6 +17,13 @@
 
 namespace kvlab {
 
+Context decoding_inputs(const Model& model, int layer) {
+  Context fixed;  // what does not run over positions: the held entries are not the prompt's
+  fixed.provide(inputs::out_proj, model.weights.layers[layer].wo);
+  fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(layer));  // for the stream (queries_at_newest)
+  return fixed;
+}
+
 namespace {
 
 // Keeps each layer's last n_obs queries of the prefill.
@@ -149,11 +156,8 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
                                     spec.count_whole, context));
     if (decodes) {
       KVLAB_CHECK(!spec.rerotate, "--decode-rule compress: the branch cannot also re-rotate");
-      Context fixed;  // what does not run over positions: the held entries are not the prompt's
-      fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
-      fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(l));  // for the stream (queries_at_newest)
       compress_while_decoding(layers.back(), spec.method.compressor, co, spec.count_whole, spec.decoding, l, n_layers,
-                              fixed);
+                              decoding_inputs(model, l));
     }
     layers.back().quant = spec.method.quant;  // stored quantized from here on (window layers stay exact)
     if (spec.rerotate && layers.back().stream) {

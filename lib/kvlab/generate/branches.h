@@ -53,6 +53,10 @@ struct Prefill {
   mutable std::map<ReconstructionRequest, std::pair<at::Tensor, double>> recon_;  // ... of reconstruction_scores
 };
 
+// What a layer's compressions while decoding (--decode-rule compress) may read beyond the held
+// entries: the inputs that do not run over positions (W_o; RoPE frequencies for queries_at_newest).
+Context decoding_inputs(const Model& model, int layer);
+
 // One exact forward over `prompt`, keeping what every branch needs.
 Prefill run_prefill(const Model& model, const std::vector<int64_t>& prompt, int64_t n_obs);
 
@@ -74,7 +78,7 @@ struct BranchSpec {
   // again every `decoding.every` decoded tokens, to its budget on the tokens seen; every > 0 turns
   // it on for every method but the full cache (its own streaming rule then gives way; `rerotate`
   // must be false).
-  DecodingRule decoding{0, 256};
+  DecodingRule decoding{0};
 };
 
 struct BranchOptions {

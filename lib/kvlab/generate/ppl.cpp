@@ -8,6 +8,7 @@
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/core/check.h"
+#include "kvlab/generate/branches.h"
 
 namespace kvlab {
 
@@ -25,6 +26,15 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
   CompressOptions co;
   co.budget = Budget::of_entries(b.cache_size);
   co.seed = b.seed;
+  const bool decodes = b.compress_every > 0 && b.method.name != "exact";
+  if (b.method.name != "exact")
+    KVLAB_CHECK(!b.method.quant, "ppl: {}: quantized caches are not in ppl yet (issue 52); use generate or a task "
+                "command", b.method.label());
+  if (decodes) {
+    KVLAB_CHECK(!b.rerotate, "ppl: --compress-every and --rerotate: re-rotation moves a method's own stream; "
+                "give one of them");
+    check_decoding_compressible(b.method.name, *b.method.compressor, b.compress_every);
+  }
   std::vector<CompressedLayer> layers;
   for (int l = 0; l < c.n_layers; ++l) {
     CompressedLayer layer;
@@ -34,24 +44,13 @@ CompressedAttention empty_cache(const Model& model, const PplBranch& b) {
     layer.origin = layer.num.pos.clone();
     if (c.held_window(l) > 0) {
       layer.window = c.held_window(l);  // gemma3's sliding layers: an exact window for every method
+    } else if (decodes) {
+      layer.stream = start_decoding_stream(b.method.compressor, layer.num, 0, co, 0, DecodingRule{b.compress_every}, l,
+                                           static_cast<int>(c.n_layers), decoding_inputs(model, l));
     } else if (b.method.name != "exact") {
-      KVLAB_CHECK(!b.method.quant, "ppl: {}: quantized caches are not in ppl yet (issue 52); use generate or a task "
-                  "command", b.method.label());
       LayerKV empty;
       empty.keys = none, empty.values = none;
       empty.layer = l, empty.n_layers = static_cast<int>(c.n_layers);
-      if (b.compress_every > 0) {
-        KVLAB_CHECK(!b.rerotate, "ppl: --compress-every and --rerotate: re-rotation moves a method's own stream; "
-                    "give one of them");
-        check_decoding_compressible(b.method.name, *b.method.compressor, b.compress_every);
-        Context fixed;  // what does not run over positions
-        fixed.provide(inputs::out_proj, model.weights.layers[l].wo);
-        fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(l));  // for the stream (queries_at_newest)
-        layer.stream = start_decoding_stream(b.method.compressor, layer.num, 0, co, 0, {b.compress_every, 256}, l,
-                                             static_cast<int>(c.n_layers), fixed);
-        layers.push_back(std::move(layer));
-        continue;
-      }
       layer.stream = b.method.compressor->start_stream(empty, co);
       KVLAB_CHECK(layer.stream, "ppl: {} compresses once after a prefill and does not stream while decoding; "
                   "ppl streams a cache of --cache-size entries from the first token (see 'kvlab replay "

@@ -2,9 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
+#include <optional>
 
 #include "kvlab/core/check.h"
+#include "kvlab/core/text.h"
 
 namespace kvlab {
 
@@ -69,17 +70,11 @@ TaskProtocol parse_task_protocol(const std::string& protocol, const std::string&
     p.every = 512;
     if (rule != decode_rule) {
       const std::string n = decode_rule.substr(rule.size() + 1);
-      size_t used = 0;
-      long long v = -1;
-      try {
-        v = std::stoll(n, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      KVLAB_CHECK(used == n.size() && !n.empty() && v >= 1 && v <= (1LL << 40),
+      const std::optional<int64_t> v = parse_int64(n);
+      KVLAB_CHECK(v && *v >= 1 && *v <= (int64_t(1) << 40),
                   "--decode-rule compress:N: N (decoded tokens between compressions) must be a whole number >= 1, "
                   "got '{}'", n);
-      p.every = v;
+      p.every = *v;
     }
   }
   return p;

@@ -301,7 +301,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       todo.push_back(i);
       specs.push_back({m, branches[i].budget, opt.seed, m.keep_first_or(opt.keep_first), m.keep_last_or(opt.keep_last),
                        opt.protocol.streams(), /*count_whole=*/true,
-                       opt.protocol.decode == TaskProtocol::Decode::rerotate, DecodingRule{opt.protocol.every, 256}});
+                       opt.protocol.decode == TaskProtocol::Decode::rerotate, DecodingRule{opt.protocol.every}});
       bos.push_back(std::move(bo));
     }
     std::vector<BranchResult> results;
