@@ -55,7 +55,7 @@ struct RulerOptions {
                           "niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe)");
     f.add("lengths", lengths, "sequence lengths in tokens: the prompt the model sees plus the task's tokens to "
                               "generate (RULER's max_seq_length)");
-    f.add("samples", samples, "samples per task and length");
+    f.add("samples", samples, "samples per task and length (niah_multiquestion: contexts, each asked 4 questions)");
     f.add("haystack_dir", haystack_dir, "folder of the essays for the essay haystack (*.txt, read in name order)");
     f.add("words", words, "wonderwords' lists as RULER reads them (data_scripts/make_ruler_words.py writes it)");
     f.add("data_only", data_only, "write the samples to <out>/data/ and stop (for another tool: the model's "
@@ -128,6 +128,7 @@ void run_ruler(const RulerOptions& o, const json& effective) {
         r.prompt = std::move(sp.ids);
         r.context_len = sp.context_len;
         r.max_new_tokens = t.tokens_to_generate;
+        if (s.context_group >= 0) r.context_group = std::to_string(s.context_group), r.question_index = s.question_index;
         r.gold = {{"outputs", s.outputs}, {"match", t.match_all ? "all" : "part"}, {"task", t.name}, {"length", L},
                   {"prompt_tokens", r.prompt.size()}};
         records.push_back(std::move(r));

@@ -189,9 +189,14 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.reconstruction_templated = reconstruction_prompt(tm.tok, resolve_model_chat_template(o.chat_template, tm.src, tm.tok));
   to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
   if (o.kept_out) to.kept_dir = tr.run.file("kept");
+  // Shard i of N takes units i, i + N, ...: a unit is a record, or the consecutive records asking
+  // about one context (TaskRecord::context_group), which stay together to share its prefill.
   std::vector<TaskRecord> mine;
-  for (size_t k = 0; k < records.size(); ++k)
-    if (int(k % size_t(plan.shard_n)) == plan.shard_i) mine.push_back(records[k]);
+  int64_t unit = -1;
+  for (size_t k = 0; k < records.size(); ++k) {
+    if (k == 0 || records[k].context_group.empty() || records[k].context_group != records[k - 1].context_group) ++unit;
+    if (int(unit % plan.shard_n) == plan.shard_i) mine.push_back(records[k]);
+  }
   Progress progress(o.name + " " + task.dataset, int64_t(mine.size()), !o.quiet);
   to.progress = [&](int64_t, int64_t, const std::string& note, bool resumed) {
     resumed ? progress.skip(1, note) : progress.advance(1, note);

@@ -28,7 +28,8 @@ import os
 IDENTITY = ("benchmark", "task", "length", "sample", "method", "params", "setting", "kept",
             "protocol", "preset", "decode_rule", "model", "shard")
 # Fields of a prediction that are settings or text, not measurements: not rows of the long table.
-NOT_METRICS = {"id", "gold", "output", "input_key", "model_key", "keep_first", "keep_last"}
+NOT_METRICS = {"id", "gold", "output", "input_key", "model_key", "keep_first", "keep_last",
+               "context_group", "question_index"}
 
 PREDICTIONS, ROWS, DATA, RUN = "predictions.jsonl.gz", "rows.csv.gz", "data.jsonl.gz", "run.json"
 

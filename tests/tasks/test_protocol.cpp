@@ -432,3 +432,71 @@ TEST_CASE("decode rules by name: prefill, stream, rerotate, compress[:N]; an unk
   CHECK_THROWS_WITH_AS(kvlab::parse_task_protocol("whole", "stream:4"),
                        doctest::Contains("--decode-rule stream: only compress takes a number"), kvlab::Error);
 }
+
+TEST_CASE("several questions about one context share its prefill and equal each asked alone (issue 53)") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const int64_t n_ctx = 240;
+  const std::vector<int64_t> context = prompt_ids(n_ctx, 9);
+  std::vector<TaskRecord> grouped;
+  for (int64_t q = 0; q < 3; ++q) {
+    TaskRecord r;
+    r.id = "c0.q" + std::to_string(q);
+    r.prompt = context;
+    const auto question = prompt_ids(10 + 3 * q, 20 + q);
+    r.prompt.insert(r.prompt.end(), question.begin() + 1, question.end());
+    r.context_len = n_ctx;
+    r.max_new_tokens = 5;
+    r.context_group = "c0";
+    r.question_index = q;
+    grouped.push_back(r);
+  }
+  std::vector<TaskRecord> alone = grouped;
+  for (auto& r : alone) r.context_group.clear(), r.question_index = -1;
+  TaskSpec task{"synthetic", [](const std::string& out, const json&) { return json{{"score", out.size() % 2 ? 1.0 : 0.0}}; },
+                {}};
+  // snapkv scores with the context's last queries; h2o with every query (the prefill's memoized
+  // attention sums, shared by the questions); streaming_llm takes the question token by token.
+  std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
+                                      {"snapkv", one("snapkv", "paper"), Budget::of_entries(24)},
+                                      {"h2o", one("h2o", "paper"), Budget::of_entries(24)},
+                                      {"streaming_llm", one("streaming_llm", "paper"), Budget::of_entries(24)}};
+  auto run = [&](const std::vector<TaskRecord>& records, const std::string& name, bool batch) {
+    TaskOptions to;
+    to.pred_dir = test::temp_dir(name) + "/pred";
+    to.obs_queries = 64;
+    to.batch = batch;
+    to.protocol.question = TaskProtocol::Question::context;
+    run_task(model, tok, task, records, branches, to);
+    std::map<std::string, std::vector<json>> lines;
+    for (const auto& b : branches)
+      for (const auto& l : read_json_lines(to.pred_dir + "/" + b.label + "/synthetic.jsonl")) lines[b.label].push_back(l);
+    return lines;
+  };
+  auto shared = run(grouped, "questions_shared", true);
+  auto each = run(alone, "questions_alone", false);
+  bool some_differ = false;
+  for (const auto& b : branches) {
+    REQUIRE(shared[b.label].size() == 3);
+    for (size_t q = 0; q < 3; ++q) {
+      INFO("branch=" << b.label << " question=" << q);
+      const json& s = shared[b.label][q];
+      const json& e = each[b.label][q];
+      CHECK(s["output"] == e["output"]);
+      CHECK(s["entries_start"] == e["entries_start"]);
+      CHECK(s["entries_peak"] == e["entries_peak"]);
+      CHECK(s["context_group"] == "c0");
+      CHECK(s["question_index"] == int64_t(q));
+      CHECK_FALSE(e.contains("question_index"));
+      some_differ = some_differ || s["output"] != shared["exact"][q]["output"];
+    }
+  }
+  CHECK(some_differ);  // the compressed branches are not all the full cache's answers
+  // A group whose questions carry different context ids is the task's mistake: refused by name.
+  std::vector<TaskRecord> bad = grouped;
+  bad[1].prompt[5] = bad[1].prompt[5] + 1;
+  CHECK_THROWS_WITH_AS(run(bad, "questions_bad", true), doctest::Contains("is in context group 'c0' but its 240 context tokens differ"),
+                       Error);
+}

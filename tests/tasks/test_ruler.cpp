@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -183,6 +184,60 @@ TEST_CASE("ruler: one sample per task has RULER's structure and fits its length 
                        Error);
   CHECK_THROWS_WITH_AS(parse_ruler_tasks("qa_1"), doctest::Contains("SQuAD"), Error);
   CHECK(parse_ruler_tasks("all").size() == 11);
+}
+
+TEST_CASE("ruler niah_multiquestion: one context, its four keys asked one question each (issue 53)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors") || !fs::exists(essays_dir())) {
+    MESSAGE("skipped: stories260K or the essays not found (set KVLAB_SHARED)");
+    return;
+  }
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const RulerSources src = ruler_sources(words_file(), read_haystack(essays_dir()));
+  RulerTokenCount count;
+  count.prompt = [&](const std::string& input, const std::string& prefix) {
+    return int64_t(tok.encode(input + prefix, /*add_bos=*/true).size());
+  };
+  count.text = [&](const std::string& t) { return int64_t(tok.encode(t, false).size()); };
+  // Not one of RULER's tasks: "all" leaves it out; named, it runs.
+  for (const auto& t : parse_ruler_tasks("all")) CHECK(t.name != "niah_multiquestion");
+  const RulerTask t = parse_ruler_tasks("niah_multiquestion").at(0);
+  const int64_t L = 2048;
+  const auto qs = make_ruler_samples(t, src, L, 2, 42, count);
+  REQUIRE(qs.size() == 8);  // 2 contexts x 4 questions
+  const std::regex needle_re(R"(One of the special magic numbers for ([^ ]+) is: ([0-9]+)\.)");
+  std::set<std::string> asked;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    const RulerSample& s = qs[i];
+    CAPTURE(i);
+    CHECK(s.index == int64_t(i));
+    CHECK(s.context_group == int64_t(i / 4));
+    CHECK(s.question_index == int64_t(i % 4));
+    CHECK(s.to_json()["question_index"] == int64_t(i % 4));
+    const std::string context = s.input.substr(0, s.context_end);
+    CHECK(context == qs[i / 4 * 4].input.substr(0, qs[i / 4 * 4].context_end));  // one context, four questions
+    // The plural introduction (four needles), then one key asked: niah.py's singular question.
+    CHECK(starts_with(s.input, "Some special magic numbers are hidden within the following text."));
+    std::map<std::string, std::string> needles;
+    for (std::sregex_iterator it(context.begin(), context.end(), needle_re), end; it != end; ++it)
+      needles[(*it)[1]] = (*it)[2];
+    REQUIRE(needles.size() == 4);
+    REQUIRE(s.queries.size() == 1);
+    const std::string& key = s.queries[0];
+    CHECK(s.input.substr(s.context_end) == "\nWhat is the special magic number for " + key +
+                                               " mentioned in the provided text?");
+    CHECK(s.answer_prefix == " The special magic number for " + key + " mentioned in the provided text is");
+    REQUIRE(needles.count(key));
+    CHECK(s.outputs == std::vector<std::string>{needles[key]});
+    CHECK(s.length == count.prompt(s.input, s.answer_prefix) + t.tokens_to_generate);
+    CHECK(s.length <= L);
+    asked.insert(std::to_string(s.context_group) + "/" + key);
+  }
+  CHECK(asked.size() == 8);  // each context's four keys, each once
+  // The contexts are niah_multiquery's samples (same seed, same haystack and needles).
+  RulerTask mq = parse_ruler_tasks("niah_multiquery").at(0);
+  mq.name = t.name;  // the seed follows the task's name
+  const auto fitted = make_ruler_samples(mq, src, L, 2, 42, count);
+  CHECK(fitted[1].input.substr(0, fitted[1].context_end) == qs[4].input.substr(0, qs[4].context_end));
 }
 
 TEST_CASE("ruler: string_match_all / string_match_part and postprocess_pred as evaluate.py (hand-checked)") {

@@ -156,6 +156,7 @@ struct Generated {
   std::string input, prefix;
   std::vector<std::string> outputs;
   size_t context_end = 0;
+  std::vector<std::string> queries;  // niah: the keys asked, in order
 };
 
 Generated niah_generate(const RulerTask& t, const RulerSources& src, int64_t n_hay, Rng& rng, uint64_t seed) {
@@ -234,6 +235,7 @@ Generated niah_generate(const RulerTask& t, const RulerSources& src, int64_t n_h
   g.prefix = full.substr(p);
   g.context_end = c_at + context.size();
   g.outputs = answers;
+  g.queries = queries;
   return g;
 }
 
@@ -360,6 +362,7 @@ RulerSample to_sample(const RulerTask& t, Generated g, int64_t index, int64_t ma
   s.context_end = g.context_end;
   s.length = tokens + t.tokens_to_generate;
   s.haystack = haystack;
+  s.queries = std::move(g.queries);
   return s;
 }
 
@@ -393,6 +396,34 @@ std::vector<RulerSample> fit_and_sample(const RulerTask& t, int64_t L, int64_t n
       }
       KVLAB_CHECK(used > step, "--lengths {}: task {} does not fit even with its smallest haystack ({} units: {} "
                   "prompt tokens + {} to generate)", L, t.name, used, tok, t.tokens_to_generate);
+    }
+  }
+  return out;
+}
+
+// niah_multiquestion: each sample (fitted with its keys asked at once) becomes one sample per key,
+// the same context asked "What is the special magic number for <key> ...?" with niah.py's singular
+// answer prefix. Each question's prompt is shorter than the one fitted, so it fits the length too.
+std::vector<RulerSample> one_question_each(const RulerTask& t, const std::vector<RulerSample>& fitted,
+                                           const RulerTokenCount& count) {
+  const std::string type_v = t.needle_v.substr(0, t.needle_v.size() - 1);  // "numbers" -> "number"
+  std::vector<RulerSample> out;
+  for (const auto& s : fitted) {
+    KVLAB_CHECK(s.queries.size() == size_t(t.num_q) && s.outputs.size() == s.queries.size(),
+                "ruler {}: sample {} has {} keys and {} values, expected {} of each", t.name, s.index,
+                s.queries.size(), s.outputs.size(), t.num_q);
+    for (size_t q = 0; q < s.queries.size(); ++q) {
+      RulerSample one = s;
+      one.index = s.index * int64_t(s.queries.size()) + int64_t(q);
+      one.input = s.input.substr(0, s.context_end) + "\nWhat is the special magic " + type_v + " for " +
+                  s.queries[q] + " mentioned in the provided text?";
+      one.answer_prefix = " The special magic " + type_v + " for " + s.queries[q] + " mentioned in the provided text is";
+      one.outputs = {s.outputs[q]};
+      one.queries = {s.queries[q]};
+      one.length = count.prompt(one.input, one.answer_prefix) + t.tokens_to_generate;
+      one.context_group = s.index;
+      one.question_index = int64_t(q);
+      out.push_back(std::move(one));
     }
   }
   return out;
@@ -436,6 +467,8 @@ const std::vector<RulerTask>& ruler_tasks() {
       q.name = qa, q.kind = "qa", q.tokens_to_generate = 32, q.match_all = false;
       v.push_back(q);
     }
+    niah("niah_multiquestion", "essay", "words", "numbers", 1, 1, 4);  // kvlab's: ruler.h
+    v.back().one_question_at_a_time = true;
     return v;
   }();
   return tasks;
@@ -447,7 +480,7 @@ std::vector<RulerTask> parse_ruler_tasks(const std::string& spec) {
   std::vector<RulerTask> out;
   if (spec == "all") {
     for (const auto& t : ruler_tasks())
-      if (t.kind != "qa") out.push_back(t);
+      if (t.kind != "qa" && !t.one_question_at_a_time) out.push_back(t);
     return out;
   }
   for (const auto& name : split(spec, ',')) {
@@ -497,9 +530,10 @@ std::vector<RulerSample> make_ruler_samples(const RulerTask& t, const RulerSourc
   if (t.kind == "niah") {
     const int64_t inc = t.haystack == "essay" ? 500 : small ? 5 : 25;
     // A sample a few tokens over steps down 25 essay words, not RULER's 500 (a third of a 1k prompt).
-    return fit_and_sample(t, L, n, inc, inc, 3.0, 2 * inc,
-                          [&](int64_t m) { return niah_generate(t, src, m, rng, seed); }, count,
-                          t.haystack == "essay" ? 25 : inc);
+    std::vector<RulerSample> out = fit_and_sample(t, L, n, inc, inc, 3.0, 2 * inc,
+                                                  [&](int64_t m) { return niah_generate(t, src, m, rng, seed); },
+                                                  count, t.haystack == "essay" ? 25 : inc);
+    return t.one_question_at_a_time ? one_question_each(t, out, count) : out;
   }
   if (t.kind == "vt") {
     const int hops = t.num_v;
@@ -570,7 +604,7 @@ std::vector<RulerSample> make_ruler_samples(const RulerTask& t, const RulerSourc
 }
 
 nlohmann::json RulerSample::to_json() const {
-  return {{"index", index},
+  nlohmann::json j = {{"index", index},
           {"task", task},
           {"max_seq_length", max_seq_length},
           {"input", input},
@@ -580,6 +614,8 @@ nlohmann::json RulerSample::to_json() const {
           {"context", input.substr(0, context_end)},
           {"question", input.substr(context_end)},
           {"haystack", haystack}};
+  if (question_index >= 0) j["context_group"] = context_group, j["question_index"] = question_index;
+  return j;
 }
 
 std::string ruler_postprocess(const std::string& pred) {

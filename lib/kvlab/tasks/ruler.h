@@ -39,6 +39,16 @@
 //   - vt's main haystack is fitted together with its one-shot example (RULER fits the task alone and
 //     adds the example's tokens); lowercase in scoring is ASCII only (RULER: Python's Unicode lower).
 //   - qa_1 / qa_2 need SQuAD / HotpotQA files, which RULER downloads; not built yet.
+// kvlab's own task (issue 53, many questions per compressed context; not in --tasks all):
+//   - niah_multiquestion: niah_multiquery's sample (4 word keys with 7-digit values in the essay
+//     haystack, fitted to the length with all four asked at once), its context then asked about one
+//     key at a time, in the order RULER draws them: question q is "What is the special magic number
+//     for <key q> mentioned in the provided text?" with its answer prefix (niah.py's singular wording,
+//     the context's plural introduction kept). Each question is a sample of its own (index
+//     4 * context + q, context_group and question_index in its data line), so the scorer, `ruler
+//     eval` and the tables treat it as any other; under --protocol context the task runner prefills
+//     and compresses each context once for its four questions (tasks/task_runner.h). --samples counts
+//     contexts.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -56,13 +66,14 @@ struct RulerTask {
   std::string haystack;       // niah / vt: "noise" | "essay" | "needle"
   std::string needle_k, needle_v;  // niah: "words" | "numbers" | "uuids"
   int num_k = 1, num_v = 1, num_q = 1;
+  bool one_question_at_a_time = false;  // niah_multiquestion: the num_q keys asked in num_q questions
   int64_t tokens_to_generate = 128;  // constants.py
   bool match_all = true;      // string_match_all (else string_match_part)
 };
 
-// synthetic.yaml's 13 tasks, in its order.
+// synthetic.yaml's 13 tasks, in its order, then kvlab's niah_multiquestion.
 const std::vector<RulerTask>& ruler_tasks();
-// "all" = the 11 synthetic tasks (qa_1 and qa_2 need downloaded data); else comma-separated names.
+// "all" = RULER's 11 synthetic tasks (qa_1 and qa_2 need downloaded data); else comma-separated names.
 // Errors name --tasks and list the names.
 std::vector<RulerTask> parse_ruler_tasks(const std::string& spec);
 
@@ -84,6 +95,10 @@ struct RulerSample {
   size_t context_end = 0;     // offset in `input` where the context ends and the question begins
   int64_t length = 0;         // tokens of the prompt the model sees + tokens_to_generate
   int64_t haystack = 0;       // the haystack size used (noise/needle lines, essay words, distinct words, ...)
+  // A task asking one context several questions (niah_multiquestion): the context's number (the
+  // same context text for its questions) and this question's place among them; -1 = one question.
+  int64_t context_group = -1, question_index = -1;
+  std::vector<std::string> queries;  // niah: the keys asked, in order (not written)
   nlohmann::json to_json() const;  // one line of <out>/data/<task>_<length>.jsonl
 };
 

@@ -254,6 +254,9 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   const int64_t n_obs = check_observation_queries(compressors, opt.obs_queries);  // -1 = every prompt query
   std::vector<double> seconds(branches.size(), 0.0);
   int64_t finished = 0;
+  // The last context prefilled, kept while the next records ask about the same context group.
+  std::optional<Prefill> shared;
+  std::string shared_group;
   for (const auto& r : records) {
     bool all = true;
     for (const auto& d : done) all = all && d.count(r.id);
@@ -271,9 +274,22 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
     const std::vector<int64_t> context(r.prompt.begin(), r.prompt.begin() + (two_stage ? r.context_len
                                                                                        : int64_t(r.prompt.size())));
     const std::vector<int64_t> suffix(r.prompt.begin() + int64_t(context.size()), r.prompt.end());
-    release_free_memory();  // what the last record's prefill and branches freed (core/memory.h)
-    Prefill pre = run_prefill(model, context, n_obs < 0 ? int64_t(context.size()) : n_obs);
-    pre.reconstruction = reconstruction_prompt_for(context, opt.reconstruction_templated, opt.reconstruction_plain);
+    // A question about the context prefilled for the record before (TaskRecord::context_group)
+    // shares its prefill; the prefill's and kvzip's reconstruction's time go on the lines of the
+    // first question that made them.
+    const bool same_context = two_stage && shared && !r.context_group.empty() && r.context_group == shared_group;
+    KVLAB_CHECK(!same_context || shared->prompt == context, "{}: record '{}' is in context group '{}' but its {} "
+                "context tokens differ from the group's {} (the task split its questions' prompts differently)",
+                task.dataset, r.id, r.context_group, context.size(), shared->prompt.size());
+    if (!same_context) {
+      shared.reset();
+      release_free_memory();  // what the last record's prefill and branches freed (core/memory.h)
+      shared.emplace(run_prefill(model, context, n_obs < 0 ? int64_t(context.size()) : n_obs));
+      shared->reconstruction = reconstruction_prompt_for(context, opt.reconstruction_templated,
+                                                         opt.reconstruction_plain);
+      shared_group = r.context_group;
+    }
+    const Prefill& pre = *shared;
     nlohmann::json kept_branches = nlohmann::json::array();
     std::string exact_out;
     // The branches this record still needs, decoded one by one or in one batch.
@@ -343,10 +359,11 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       // Compression and decoding (batched: each step's wall time split among its branches); the
       // exact branch also carries the shared prefill, a kvzip branch its second prefill (made once
       // per record, counted for each branch that needs it).
-      line["seconds"] = br.compress_ms / 1000.0 + br.decode_seconds + (i == 0 ? pre.seconds : 0.0) +
-                        br.reconstruction_seconds;
+      line["seconds"] = br.compress_ms / 1000.0 + br.decode_seconds +
+                        (same_context ? 0.0 : (i == 0 ? pre.seconds : 0.0) + br.reconstruction_seconds);
       line["compress_seconds"] = br.compress_ms / 1000.0;
-      if (br.reconstruction_seconds > 0) line["reconstruction_seconds"] = br.reconstruction_seconds;
+      if (br.reconstruction_seconds > 0 && !same_context) line["reconstruction_seconds"] = br.reconstruction_seconds;
+      if (!r.context_group.empty()) line["context_group"] = r.context_group, line["question_index"] = r.question_index;
       std::ofstream f(files[i], std::ios::app);
       f << line.dump() << "\n";
       check_written(f, files[i]);

@@ -7,6 +7,9 @@
 // definition) of its output against the full cache's output. A small model near the floor on the
 // task itself still separates methods by fidelity.
 //
+// Several questions about one context (TaskRecord::context_group) share its prefill under
+// --protocol context; their lines carry context_group and question_index.
+//
 // Outputs: pred/<branch>/<dataset>.jsonl, one line per record, appended and flushed as each record
 // finishes. A rerun over the same folder skips what every branch already has (a killed run loses
 // no finished record) and the summary is computed from the files, so it is the same either way.
@@ -37,6 +40,15 @@ struct TaskRecord {
   int64_t max_new_tokens = 64;
   std::vector<std::string> stop;  // stop strings besides EOS; the output is cut before the first
   nlohmann::json gold;            // what the scorer needs
+  // One context asked several questions (issue 53; RULER's niah_multiquestion): consecutive records
+  // with the same non-empty group hold equal context ids. Under --protocol context they share one
+  // exact prefill of the context and what it memoizes (attention sums, kvzip's reconstruction);
+  // each question then goes through the branch's compressed context afresh, the earlier questions
+  // and answers removed (kvpress's evaluation). The method's compression of the shared context is
+  // deterministic (the seed fixed), so each question sees what a single compression would hold.
+  // question_index: the question's place in its group (-1: a record of its own).
+  std::string context_group;
+  int64_t question_index = -1;
 };
 
 struct TaskSpec {
