@@ -14,6 +14,7 @@ Pinned versions (a separate venv, so that kvpress's transformers pin does not to
 
 Usage:
   nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvpress_golden.py [--gguf PATH] [--out FILE]
+  ... --only CURPress    (a press added later: run it alone, appended to the existing file)
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -102,7 +103,7 @@ SAME_SCORE_RTOL = 1e-6
 # Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
 NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
              "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress",
-             "LeverageScorePress(sketch_dimension=64, identity sketch)"}
+             "LeverageScorePress(sketch_dimension=64, identity sketch)", "CURPress"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -180,6 +181,9 @@ def make_configs(kvpress):
         # attention=false), with the identity sketch as CompactorPress above.
         cfgs.append(("LeverageScorePress(sketch_dimension=64, identity sketch)",
                      lambda r: kvpress.LeverageScorePress(compression_ratio=r, sketch_dimension=64), "sdpa"))
+    if hasattr(kvpress, "CURPress"):
+        # kvpress's defaults (4 sinks, kv_product, local windows of 16), no random projection.
+        cfgs.append(("CURPress", lambda r: kvpress.CURPress(compression_ratio=r), "sdpa"))
     return cfgs
 
 
@@ -418,12 +422,39 @@ def greedy_generate(model, press, ids):
     return [int(t) for t in out[0, ids.shape[1]:]]
 
 
+def merged_into_existing(path, new):
+    """--only: the existing fixture at `path` with `new`'s configs appended, its generate
+    cross-check counts summed. Refused when the two were made by other versions, model or prompts
+    (the configs would not be comparable), or when `path` already holds one of `new`'s configs."""
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    for key in ("versions", "model", "prompts", "compression_ratios"):
+        if old[key] != new[key]:
+            sys.exit(f"--only: {path} has other {key} ({json.dumps(old[key])[:200]}) than this run "
+                     f"({json.dumps(new[key])[:200]}): regenerate the whole file instead")
+    have = {c["name"] for c in old["configs"]}
+    again = [c["name"] for c in new["configs"] if c["name"] in have]
+    if again:
+        sys.exit(f"--only: {path} already holds {again}: regenerate the whole file to change them")
+    old["configs"] += new["configs"]
+    if old.get("generate_crosscheck") and new.get("generate_crosscheck"):
+        for k in ("n_checked", "n_equal"):
+            old["generate_crosscheck"][k] += new["generate_crosscheck"][k]
+        old["generate_crosscheck"]["mismatches"] += new["generate_crosscheck"]["mismatches"]
+    return old
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", default=None, help="GGUF file (default: models/smollm2-135m/*.gguf)")
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "kvpress_golden", "smollm2.json"))
     ap.add_argument("--no-generate-check", action="store_true", help="skip the model.generate cross-check")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated config names (e.g. CURPress): run only these and add them to the existing "
+                         "--out, whose other configs stay as they are; refused when --out was made by other "
+                         "versions or another model, or already holds one of them")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -467,7 +498,14 @@ def main():
     mismatches = []
     first_scores = {}  # (press config, prompt) -> (config name, scores) of its first ratio
     n_checked = 0
-    for name, factory, impl in make_configs(kvpress):
+    all_configs = make_configs(kvpress)
+    if only:
+        unknown = only - {name for name, _, _ in all_configs}
+        if unknown:
+            sys.exit(f"--only: unknown config(s) {sorted(unknown)}; known: {[n for n, _, _ in all_configs]}")
+    for name, factory, impl in all_configs:
+        if only and name not in only:
+            continue
         model = models[impl]
         for ratio in RATIOS:
             params = press_params(factory(ratio))
@@ -577,6 +615,8 @@ def main():
         "prompts": prompts,
         "configs": configs_out,
     }
+    if only:
+        out = merged_into_existing(args.out, out)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     text = to_json(out) + "\n"
     json.loads(text)  # valid JSON

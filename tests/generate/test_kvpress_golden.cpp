@@ -9,6 +9,7 @@
 //   KnormPress                    knorm
 //   TOVAPress                     tova
 //   KeyDiffPress                  keydiff
+//   CURPress                      cur (4 sinks, kv_product, local windows of 16; no random projection)
 //   LagKVPress(n_sink 4, lag 128) lagkv n_sink=4 lag_size=128
 //   AdaKVPress(KnormPress)        adakv scorer=knorm
 //   AdaKVPress(SnapKVPress(32,5)) adakv scorer=snapkv window=32 kernel=5 pooling=avg
@@ -111,6 +112,9 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "KnormPress") return {"knorm", json::object()};
   if (press == "TOVAPress") return {"tova", json::object()};
   if (press == "KeyDiffPress") return {"keydiff", json::object()};
+  if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
+    return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
+                    {"local", p["use_local_approximation"]}, {"window", p["local_window_size"]}}};
   if (press == "LagKVPress" && !p["cross_scoring"].get<bool>())
     return {"lagkv", {{"n_sink", p["n_sink"]}, {"lag_size", p["lag_size"]}}};
   if (press == "ExpectedAttentionPress")
@@ -384,7 +388,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 72);  // 18 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 76);  // 19 presses x 2 ratios x 2 prompts
 }
 
 using test::method_spec;
