@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Golden KV-cache-compression decisions of NVIDIA kvpress on SmolLM2-135M-Instruct (Q4_1 GGUF).
 
-Writes tests/fixtures/kvpress_golden/smollm2.json, which a C++ test compares kvlab's compression
+Writes tests/fixtures/kvpress_golden/smollm2.json (and, with --only, smollm2_added.json: the
+presses added later, ADDED below), which a C++ test compares kvlab's compression
 methods against: for a set of kvpress presses at compression_ratio 0.5 and 0.75 and two prompts it
 records, per layer and KV head, which prompt positions kvpress keeps after the prefill, the raw
 scores of layers 0, 14 and 29, the near-tie positions at the top-k boundary, and the greedy
@@ -14,7 +15,9 @@ Pinned versions (a separate venv, so that kvpress's transformers pin does not to
 
 Usage:
   nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvpress_golden.py [--gguf PATH] [--out FILE]
-  ... --only CURPress    (a press added later: run it alone, appended to the existing file)
+  ... --only CURPress    (a press added later: run alone, added to smollm2_added.json, which has
+                          the same header; CURPress, ChunkKVPress(...) and ChunkPress(...) were
+                          added so)
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -103,7 +106,13 @@ SAME_SCORE_RTOL = 1e-6
 # Configs whose scores are not written (the file stays under 2 MiB; their kept sets are the check).
 NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
              "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress",
-             "LeverageScorePress(sketch_dimension=64, identity sketch)", "CURPress"}
+             "LeverageScorePress(sketch_dimension=64, identity sketch)", "CURPress",
+             "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)"}
+
+
+# Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
+# keeps the main file under 2 MiB; a run without --only leaves them out.
+ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -184,6 +193,18 @@ def make_configs(kvpress):
     if hasattr(kvpress, "CURPress"):
         # kvpress's defaults (4 sinks, kv_product, local windows of 16), no random projection.
         cfgs.append(("CURPress", lambda r: kvpress.CURPress(compression_ratio=r), "sdpa"))
+    if hasattr(kvpress, "ChunkPress"):
+        # chunks of 128 (kvpress's default 1024 exceeds both prompts: one chunk, plain Knorm)
+        cfgs.append(("ChunkPress(KnormPress, chunk_length=128)",
+                     lambda r: kvpress.ChunkPress(press=kvpress.KnormPress(compression_ratio=r), chunk_length=128),
+                     "sdpa"))
+    if hasattr(kvpress, "ChunkKVPress"):
+        # chunk_length 20 (kvpress's default) around KnormPress and SnapKVPress (window 32, kernel 5).
+        cfgs.append(("ChunkKVPress(KnormPress)",
+                     lambda r: kvpress.ChunkKVPress(press=kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("ChunkKVPress(SnapKVPress)",
+                     lambda r: kvpress.ChunkKVPress(press=kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
     return cfgs
 
 
@@ -286,7 +307,12 @@ class Recorder:
         self.n_kv = n_kv_heads
         # AdaKVPress and CriticalAdaKVPress mask pruned entries instead of shrinking the cache.
         self.is_ada = type(press).__name__ in ("AdaKVPress", "CriticalAdaKVPress")
-        self.scorer = press.press if self.is_ada else press
+        # ChunkKVPress keeps whole chunks chosen from its scorer's scores summed over the heads.
+        self.is_chunk = type(press).__name__ == "ChunkKVPress"
+        # ChunkPress scores and cuts each chunk on its own: every chunk's scores are kept.
+        self.is_chunked = type(press).__name__ == "ChunkPress"
+        self.scorer = press.press if self.is_ada or self.is_chunk or self.is_chunked else press
+        self._chunk_scores = []
         self.layers = {}
         self._last_scores = None
         orig_score = self.scorer.score
@@ -295,10 +321,12 @@ class Recorder:
         def score(*args, **kwargs):
             s = orig_score(*args, **kwargs)
             self._last_scores = s.detach().clone()  # AdaKV scatters into the returned tensor
+            self._chunk_scores.append(self._last_scores)
             return s
 
         def compress(module, hidden_states, keys, values, attentions, kwargs):
             self._last_scores = None
+            self._chunk_scores = []
             k_in = keys
             out_k, out_v = orig_compress(module, hidden_states, keys, values, attentions, kwargs)
             self.record(module, k_in, out_k)
@@ -307,11 +335,62 @@ class Recorder:
         self.scorer.score = score
         press.compress = compress
 
+    def chunked_selection(self, keys, out_k, layer):
+        """ChunkPress.compress's selection from the scores of each chunk (recorded in call order),
+        recomputed as it does (topk per chunk, offsets, concatenation) and verified against the
+        compressed cache; kept sets sorted; each chunk's tie band at its own cut."""
+        cl, n, r = self.press.chunk_length, keys.shape[2], self.press.compression_ratio
+        starts = list(range(0, n, cl))
+        assert len(self._chunk_scores) == len(starts), (len(self._chunk_scores), len(starts))
+        idx, bands = [], [[] for _ in range(self.n_kv)]
+        for i, s in zip(starts, self._chunk_scores):
+            length = min(cl, n - i)
+            assert s.shape[-1] == length
+            n_kept = max(1, int(length * (1 - r)))
+            top = s.topk(n_kept, dim=-1).indices
+            idx.append(i + top)
+            for h in range(self.n_kv):
+                mask = torch.zeros(length, dtype=torch.bool)
+                mask[top[0, h]] = True
+                bands[h] += [i + p for p in kth_band(s[0, h].double(), mask, n_kept)]
+        idx = torch.cat(idx, dim=-1)
+        gathered = keys.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+        assert torch.equal(gathered, out_k), f"layer {layer}: recovered chunk positions do not match cache"
+        kept = [sorted(idx[0, h].tolist()) for h in range(self.n_kv)]
+        return kept, bands, torch.cat(self._chunk_scores, dim=-1)
+
+    def chunk_selection(self, scores, keys, out_k, layer):
+        """ChunkKVPress.compress's selection recomputed with its own operations (float32 sums over
+        the heads, chunk means, topk), verified against the compressed cache; the tie band is the
+        positions of every chunk whose mean is within TIE_RTOL of the cut's when the band straddles it."""
+        cl, n = self.press.chunk_length, keys.shape[2]
+        full, rest = n // cl, n % cl
+        assert full > 0, "prompts shorter than a chunk go to the scorer's own compress"
+        chunk_scores = scores[..., : full * cl].sum(dim=1).view(-1, full, cl).mean(dim=-1)
+        if rest > 0:
+            chunk_scores = torch.cat([chunk_scores, scores[..., -rest:].sum(dim=1).mean(dim=-1, keepdim=True)], dim=-1)
+        c = full + (rest > 0)
+        n_chunks = max(1, int(c * (1 - self.press.compression_ratio)))
+        top = chunk_scores.topk(n_chunks, dim=-1).indices[0].tolist()
+        pos = sorted(p for ch in top for p in range(ch * cl, min(n, (ch + 1) * cl)))
+        idx = torch.tensor(pos).view(1, 1, -1, 1).expand(keys.shape[0], keys.shape[1], -1, keys.shape[-1])
+        assert torch.equal(keys.gather(2, idx), out_k), f"layer {layer}: recovered chunks do not match cache"
+        mask = torch.zeros(c, dtype=torch.bool)
+        mask[top] = True
+        band_chunks = kth_band(chunk_scores[0].double(), mask, n_chunks)
+        band = sorted(p for ch in band_chunks for p in range(ch * cl, min(n, (ch + 1) * cl)))
+        return [pos] * self.n_kv, [band] * self.n_kv, len(pos)
+
     def record(self, module, keys, out_k):
         from kvpress.utils import compute_n_kept
 
         layer = module.layer_idx
         assert layer not in self.layers, layer
+        if self.is_chunked:
+            kept, bands, scores = self.chunked_selection(keys, out_k, layer)
+            self.layers[layer] = {"n": keys.shape[2], "n_kept": [len(k) for k in kept], "kept": kept,
+                                  "tie_band": bands, "scores": scores[0].clone()}
+            return
         scores = self._last_scores
         assert scores is not None and scores.shape[0] == 1 and scores.shape[1] == self.n_kv
         n = keys.shape[2]
@@ -319,7 +398,9 @@ class Recorder:
         ratio = self.press.compression_ratio
         n_kept = compute_n_kept(n, ratio)
         s64 = scores[0].double()
-        if not self.is_ada:
+        if self.is_chunk:
+            kept, bands, n_kept = self.chunk_selection(scores, keys, out_k, layer)
+        elif not self.is_ada:
             idx = scores.topk(n_kept, dim=-1).indices  # exactly ScorerPress.compress
             gathered = keys.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
             assert torch.equal(gathered, out_k), f"layer {layer}: recovered positions do not match cache"
@@ -422,6 +503,19 @@ def greedy_generate(model, press, ids):
     return [int(t) for t in out[0, ids.shape[1]:]]
 
 
+def split_top_level(text):
+    """'A(x, y),B' -> ['A(x, y)', 'B']: commas inside parentheses belong to a config's name."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur.strip()] if cur.strip() else parts
+
+
 def merged_into_existing(path, new):
     """--only: the existing fixture at `path` with `new`'s configs appended, its generate
     cross-check counts summed. Refused when the two were made by other versions, model or prompts
@@ -450,11 +544,14 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "tests", "fixtures", "kvpress_golden", "smollm2.json"))
     ap.add_argument("--no-generate-check", action="store_true", help="skip the model.generate cross-check")
     ap.add_argument("--only", default=None,
-                    help="comma-separated config names (e.g. CURPress): run only these and add them to the existing "
-                         "--out, whose other configs stay as they are; refused when --out was made by other "
-                         "versions or another model, or already holds one of them")
+                    help="comma-separated config names (e.g. CURPress): run only these and add them to --added "
+                         "(made with this run's header when missing; the configs already there stay as they are); "
+                         "refused when --added was made by other versions, model or prompts, or when it or --out "
+                         "already holds one of them")
+    ap.add_argument("--added", default=os.path.join(REPO, "tests", "fixtures", "kvpress_golden", "smollm2_added.json"),
+                    help="the fixture of presses added with --only (the main one stays under 2 MiB)")
     args = ap.parse_args()
-    only = set(args.only.split(",")) if args.only else None
+    only = set(split_top_level(args.only)) if args.only else None
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -504,7 +601,7 @@ def main():
         if unknown:
             sys.exit(f"--only: unknown config(s) {sorted(unknown)}; known: {[n for n, _, _ in all_configs]}")
     for name, factory, impl in all_configs:
-        if only and name not in only:
+        if (only and name not in only) or (not only and name in ADDED):
             continue
         model = models[impl]
         for ratio in RATIOS:
@@ -615,14 +712,22 @@ def main():
         "prompts": prompts,
         "configs": configs_out,
     }
+    path = args.out
     if only:
-        out = merged_into_existing(args.out, out)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, encoding="utf-8") as f:
+            main_names = {c["name"] for c in json.load(f)["configs"]}
+        again = sorted(c["name"] for c in out["configs"] if c["name"] in main_names)
+        if again:
+            sys.exit(f"--only: {args.out} already holds {again}: regenerate the whole file to change them")
+        path = args.added
+        if os.path.exists(path):
+            out = merged_into_existing(path, out)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     text = to_json(out) + "\n"
     json.loads(text)  # valid JSON
-    with open(args.out, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"wrote {args.out} ({len(text.encode()) / 1e6:.2f} MB), generate cross-check "
+    print(f"wrote {path} ({len(text.encode()) / 1e6:.2f} MB), generate cross-check "
           f"{n_checked - len(mismatches)}/{n_checked} equal")
 
 

@@ -15,6 +15,8 @@
 //   * compactor blends the exact leverage of the pre-RoPE keys with chunked non-causal attention;
 //   * kvzip keeps the model-wide (or, layerwise, the layer's) best reconstruction scores, sinks
 //     always, layers not compressed left out of the cut (its scores: test_kvpress_golden.cpp).
+//   * cur, chunk (each chunk its share, by the scorer on its own keys) and chunkkv (whole chunks by
+//     head-summed mean score, the budget filled from the next) against loops from kvpress's definitions;
 //   * duo_head_scores is the area under the last synthetic query's cumulated attention of the mean
 //     un-rotated q and k; duo_attention streams the lowest-scoring heads, the fewest the budget needs.
 #include <ATen/ATen.h>
@@ -865,5 +867,116 @@ TEST_CASE("duo_attention streams the lowest-scoring heads, as many as the budget
     std::ofstream(bad_path) << nlohmann::json{{"kind", "duo_head_scores"}, {"scores", bad_rows}}.dump();
     const std::string msg = "scores[1][2] is " + nlohmann::json(bad).dump() + ", not a score in [0, 1]";
     CHECK_THROWS_WITH_AS(make_compressor("duo_attention", {{"heads", bad_path}}), doctest::Contains(msg.c_str()), Error);
+  }
+}
+
+namespace {
+
+// -‖k‖ per position of one head (knorm's score), by loops.
+std::vector<double> naive_knorm(const LayerKV& kv, int64_t h) {
+  auto K = kv.keys.accessor<double, 3>();
+  std::vector<double> sc(static_cast<size_t>(kv.keys.size(1)));
+  for (int64_t i = 0; i < kv.keys.size(1); ++i) {
+    double s = 0;
+    for (int64_t c = 0; c < kv.keys.size(2); ++c) s += K[h][i][c] * K[h][i][c];
+    sc[i] = -std::sqrt(s);
+  }
+  return sc;
+}
+
+}  // namespace
+
+TEST_CASE("cur keeps the sinks, then the best windowed key x value leverage per KV head (naive loop)") {
+  auto kv = random_region(61, 4, 2, 2, 8, 31);  // 61: the last window of 16 is short (13)
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  for (int64_t b : {5, 20, 40}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("cur", nlohmann::json::object())->compress(kv, entries(b));
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<double> k2(61), v2(61), sc(61);
+      for (int64_t i = 0; i < 61; ++i)
+        for (int64_t c = 0; c < 8; ++c) k2[i] += K[h][i][c] * K[h][i][c], v2[i] += V[h][i][c] * V[h][i][c];
+      for (int64_t w0 = 0; w0 < 61; w0 += 16) {  // normalised within each window of 16
+        double sk = 0, sv = 0;
+        for (int64_t i = w0; i < std::min<int64_t>(61, w0 + 16); ++i) sk += k2[i], sv += v2[i];
+        for (int64_t i = w0; i < std::min<int64_t>(61, w0 + 16); ++i) sc[i] = (k2[i] / sk) * (v2[i] / sv);
+      }
+      for (int64_t i = 0; i < 4; ++i) sc[i] = 1.0;  // the sinks (the normalised product is < 1)
+      CHECK(row(out.kept_idx, h) == naive_top(sc, b));
+    }
+  }
+}
+
+TEST_CASE("chunk: each chunk keeps its share of the budget by the scorer on its own keys; exactly b (naive loop)") {
+  auto kv = random_region(250, 4, 2, 2, 8, 32);  // chunks of 64: 64, 64, 64, 58
+  for (int64_t b : {7, 50, 125, 249}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("chunk", {{"scorer", "knorm"}, {"chunk_length", 64}})->compress(kv, entries(b));
+    // Shares: ⌊len·b/n⌋, the left-over one each to the largest remainders (earlier first).
+    std::vector<int64_t> quota;
+    std::vector<double> rem;
+    int64_t given = 0;
+    for (int64_t c = 0; c < 4; ++c) {
+      const int64_t len = c < 3 ? 64 : 58;
+      const double share = double(len) * double(b) / 250.0;
+      quota.push_back(int64_t(share));
+      rem.push_back(share - std::floor(share));
+      given += quota.back();
+    }
+    for (int64_t c : naive_top(rem, b - given)) ++quota[c];
+    for (int64_t h = 0; h < 2; ++h) {
+      const std::vector<double> sc = naive_knorm(kv, h);
+      std::vector<int64_t> want;
+      for (int64_t c = 0; c < 4; ++c) {
+        std::vector<double> part(sc.begin() + c * 64, sc.begin() + std::min<int64_t>(250, (c + 1) * 64));
+        for (int64_t i : naive_top(part, quota[c])) want.push_back(c * 64 + i);
+      }
+      CHECK(row(out.kept_idx, h) == want);
+      CHECK(int64_t(want.size()) == b);
+    }
+  }
+  // kvpress's rule (fill=false): max(1, ⌊len·f⌋) per chunk, f = b / n.
+  auto press = make_compressor("chunk", {{"scorer", "knorm"}, {"chunk_length", 64}, {"fill", false}})
+                   ->compress(kv, entries(50));
+  CHECK(press.kept_idx.size(1) == 12 + 12 + 12 + 11);
+  CHECK_THROWS_WITH_AS(make_compressor("chunk", {{"scorer", "snapkv"}}), doctest::Contains("scorer"), Error);
+}
+
+TEST_CASE("chunkkv keeps the best chunks by head-summed mean score whole, then fills b from the next (naive loop)") {
+  auto kv = random_region(107, 4, 3, 1, 8, 33);  // chunks of 20: five whole, one of 7
+  for (int64_t b : {10, 45, 60, 100}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("chunkkv", {{"scorer", "knorm"}})->compress(kv, entries(b));
+    std::vector<double> summed(107, 0.0);
+    for (int64_t h = 0; h < 3; ++h) {
+      const auto sc = naive_knorm(kv, h);
+      for (int64_t i = 0; i < 107; ++i) summed[i] += sc[i];
+    }
+    std::vector<double> mean(6, 0.0);
+    for (int64_t c = 0; c < 6; ++c) {
+      const int64_t len = c < 5 ? 20 : 7;
+      for (int64_t i = c * 20; i < c * 20 + len; ++i) mean[c] += summed[i] / double(len);
+    }
+    // Chunks in order of mean (ties to the lower), taken whole while they fit, the rest of b from
+    // the first that does not fit, by the summed score.
+    std::vector<int64_t> order(6);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return mean[a] > mean[c]; });
+    std::vector<int64_t> want;
+    for (int64_t c : order) {
+      const int64_t len = c < 5 ? 20 : 7, room = b - int64_t(want.size());
+      if (room <= 0) break;
+      if (len <= room) {
+        for (int64_t i = c * 20; i < c * 20 + len; ++i) want.push_back(i);
+        continue;
+      }
+      std::vector<double> part(summed.begin() + c * 20, summed.begin() + c * 20 + len);
+      for (int64_t i : naive_top(part, room)) want.push_back(c * 20 + i);
+      break;
+    }
+    std::sort(want.begin(), want.end());
+    for (int64_t h = 0; h < 3; ++h) CHECK(row(out.kept_idx, h) == want);  // the same positions on every head
+    CHECK(int64_t(want.size()) == b);
   }
 }

@@ -1,6 +1,7 @@
-// kvlab against NVIDIA kvpress 0.5.5 on SmolLM2-135M (issue 22): the golden file
-// tests/fixtures/kvpress_golden/smollm2.json (data_scripts/make_kvpress_golden.py, transformers on
-// the same Q4_1 GGUF) holds, for two prompts and kept fractions 0.5 and 0.25, kvpress's kept
+// kvlab against NVIDIA kvpress 0.5.5 on SmolLM2-135M (issue 22): the golden files
+// tests/fixtures/kvpress_golden/smollm2.json and smollm2_added.json (data_scripts/make_kvpress_golden.py,
+// the second with --only for the presses added later; transformers on the same Q4_1 GGUF) hold,
+// for two prompts and kept fractions 0.5 and 0.25, kvpress's kept
 // positions per (layer, KV head), a tie band (positions whose score is within 1e-5 of the k-th, where
 // the band holds both kept and dropped ones) and 32 greedy ids decoded through the compressed cache.
 // For each press whose definition kvlab follows, with the parameters set to match:
@@ -10,6 +11,9 @@
 //   TOVAPress                     tova
 //   KeyDiffPress                  keydiff
 //   CURPress                      cur (4 sinks, kv_product, local windows of 16; no random projection)
+//   ChunkKVPress(Knorm, SnapKV)   chunkkv scorer=knorm / snapkv window=32 kernel=5 pooling=avg,
+//                                 chunk_length 20 fill=false (the budget as kvpress's ratio: whole chunks)
+//   ChunkPress(KnormPress, 128)   chunk scorer=knorm chunk_length=128 fill=false (the budget as kvpress's ratio)
 //   LagKVPress(n_sink 4, lag 128) lagkv n_sink=4 lag_size=128
 //   AdaKVPress(KnormPress)        adakv scorer=knorm
 //   AdaKVPress(SnapKVPress(32,5)) adakv scorer=snapkv window=32 kernel=5 pooling=avg
@@ -112,6 +116,18 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "KnormPress") return {"knorm", json::object()};
   if (press == "TOVAPress") return {"tova", json::object()};
   if (press == "KeyDiffPress") return {"keydiff", json::object()};
+  if (press == "ChunkPress" && p["press"]["press"] == "KnormPress")
+    return {"chunk", {{"scorer", "knorm"}, {"chunk_length", p["chunk_length"]}, {"fill", false}}};
+  if (press == "ChunkKVPress") {
+    const json& inner = p["press"];
+    json q = {{"chunk_length", p["chunk_length"]}, {"fill", false}};
+    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
+    if (inner["press"] == "SnapKVPress")
+      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
+                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
+    return q.contains("scorer") ? std::pair<std::string, json>{"chunkkv", q}
+                                : std::pair<std::string, json>{"", json()};
+  }
   if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
     return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
                     {"local", p["use_local_approximation"]}, {"window", p["local_window_size"]}}};
@@ -180,8 +196,14 @@ std::string golden_gguf(const json& g) {
 
 TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (issue 22)") {
   const std::string gguf = smollm2_gguf();
-  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/smollm2.json");
+  json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/smollm2.json");
   REQUIRE(g["version"].get<int>() == 2);  // kept sets as hex bit masks
+  {  // presses added later (make_kvpress_golden.py --only), made with the same header
+    const json added = read_json_file(test::fixtures_dir() + "/kvpress_golden/smollm2_added.json");
+    for (const char* key : {"version", "versions", "model", "prompts", "compression_ratios"})
+      REQUIRE_MESSAGE(added[key] == g[key], "smollm2_added.json differs from smollm2.json in '" << key << "'");
+    for (const auto& c : added["configs"]) g["configs"].push_back(c);
+  }
   if (gguf.empty()) {
     MESSAGE("skipped: models/smollm2-135m/*.gguf not found (data_scripts/get_smollm2.sh)");
     return;
@@ -275,7 +297,9 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   MESSAGE("expected_attention scores: largest relative difference from kvpress " << worst_ea
           << "; compactor z-scores: largest absolute difference " << worst_compactor);
   // One prompt's layers compressed by kvlab's `c` at the golden's per-head counts.
-  auto compress_all = [&](const Compressor& c, const json& r) {
+  // kept_fraction > 0: the budget as kvpress's ratio (chunkkv keeps whole chunks, chunk a share of
+  // each chunk: their counts are not a budget in entries).
+  auto compress_all = [&](const Compressor& c, const json& r, double kept_fraction = -1) {
     const auto& ids = prompt_ids.at(r["prompt"].get<std::string>());
     const int64_t n = static_cast<int64_t>(ids.size());
     std::vector<CompressedLayer> layers;
@@ -287,7 +311,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
       REQUIRE(total % h_kv == 0);
       const int64_t w = c.observation_queries() < 0 ? n : std::min<int64_t>(n, c.observation_queries());
       CompressOptions co;
-      co.budget = Budget::of_entries(total / h_kv);
+      co.budget = kept_fraction > 0 ? Budget::of_ratio(kept_fraction) : Budget::of_entries(total / h_kv);
       Context context;
       context.provide(inputs::rope_inv_freq, model.inv_freq);
       context.provide(inputs::out_proj, model.weights.layers[l].wo);
@@ -327,7 +351,9 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
       INFO(config["name"].get<std::string>() << " on " << prompt << " as kvlab " << method << " " << params.dump());
       const int64_t n = static_cast<int64_t>(prompt_ids.at(prompt).size());
       REQUIRE(r["n"].get<int64_t>() == n);
-      std::vector<CompressedLayer> layers = compress_all(*c, r);
+      std::vector<CompressedLayer> layers =
+          compress_all(*c, r, method == "chunkkv" || method == "chunk" ? 1.0 - config["compression_ratio"].get<double>()
+                                                                         : -1.0);
       for (int64_t l = 0; l < n_layers; ++l) {
         if (method != "adakv" && method != "criticaladakv")
           for (int64_t h = 0; h < h_kv; ++h) REQUIRE(r["n_kept"][l][h].get<int64_t>() == r["n_kept"][l][0].get<int64_t>());
@@ -388,7 +414,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 76);  // 19 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 88);  // 22 presses x 2 ratios x 2 prompts
 }
 
 using test::method_spec;
