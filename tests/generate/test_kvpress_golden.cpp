@@ -107,6 +107,16 @@ std::set<int64_t> kept_positions(const std::string& hex) {
   return out;
 }
 
+// A wrapper press around KnormPress or SnapKVPress -> kvlab's `method` with its own parameters `own`
+// and the scorer's ("" when kvlab has no match for the inner press).
+std::pair<std::string, json> wrapped(const std::string& method, json own, const json& inner) {
+  if (inner["press"] == "KnormPress") own["scorer"] = "knorm";
+  if (inner["press"] == "SnapKVPress")
+    own.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
+                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
+  return own.contains("scorer") ? std::pair<std::string, json>{method, own} : std::pair<std::string, json>{"", json()};
+}
+
 // kvpress press -> kvlab method and parameters ("" = not in kvlab).
 std::pair<std::string, json> kvlab_method(const json& config) {
   const std::string press = config["press"];
@@ -118,16 +128,7 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "KeyDiffPress") return {"keydiff", json::object()};
   if (press == "ChunkPress" && p["press"]["press"] == "KnormPress")
     return {"chunk", {{"scorer", "knorm"}, {"chunk_length", p["chunk_length"]}, {"fill", false}}};
-  if (press == "ChunkKVPress") {
-    const json& inner = p["press"];
-    json q = {{"chunk_length", p["chunk_length"]}, {"fill", false}};
-    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
-    if (inner["press"] == "SnapKVPress")
-      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
-                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
-    return q.contains("scorer") ? std::pair<std::string, json>{"chunkkv", q}
-                                : std::pair<std::string, json>{"", json()};
-  }
+  if (press == "ChunkKVPress") return wrapped("chunkkv", {{"chunk_length", p["chunk_length"]}, {"fill", false}}, p["press"]);
   if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
     return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
                     {"local", p["use_local_approximation"]}, {"window", p["local_window_size"]}}};
@@ -137,38 +138,14 @@ std::pair<std::string, json> kvlab_method(const json& config) {
     return {"expected_attention", {{"n_future_positions", p["n_future_positions"]}, {"n_sink", p["n_sink"]},
                                    {"use_covariance", p["use_covariance"]}, {"use_vnorm", p["use_vnorm"]},
                                    {"epsilon", p["epsilon"]}}};
-  if (press == "AdaKVPress") {
-    const json& inner = p["press"];
-    json q = {{"alpha_safeguard", p["alpha_safeguard"]}};
-    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
-    if (inner["press"] == "SnapKVPress")
-      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
-                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
-    return q.contains("scorer") ? std::pair<std::string, json>{"adakv", q} : std::pair<std::string, json>{"", json()};
-  }
+  if (press == "AdaKVPress") return wrapped("adakv", {{"alpha_safeguard", p["alpha_safeguard"]}}, p["press"]);
   if (press == "NonCausalAttnPress")  // Compactor's attention half: no sinks, no leverage
     return {"compactor", {{"sink_start", 0}, {"sink_end", 0}, {"blending", 0.0}, {"chunk_size", p["chunk_size"]}}};
-  if (press == "CriticalAdaKVPress") {
-    const json& inner = p["press"];
-    json q = {{"alpha_safeguard", p["alpha_safeguard"]}, {"epsilon", p["epsilon"]},
-              {"first_stage_ratio", p["first_stage_ratio"]}};
-    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
-    if (inner["press"] == "SnapKVPress")
-      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
-                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
-    return q.contains("scorer") ? std::pair<std::string, json>{"criticaladakv", q}
-                                : std::pair<std::string, json>{"", json()};
-  }
-  if (press == "CriticalKVPress") {
-    const json& inner = p["press"];
-    json q = {{"epsilon", p["epsilon"]}, {"first_stage_ratio", p["first_stage_ratio"]}};
-    if (inner["press"] == "KnormPress") q["scorer"] = "knorm";
-    if (inner["press"] == "SnapKVPress")
-      q.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
-                {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
-    return q.contains("scorer") ? std::pair<std::string, json>{"criticalkv", q}
-                                : std::pair<std::string, json>{"", json()};
-  }
+  if (press == "CriticalAdaKVPress")
+    return wrapped("criticaladakv", {{"alpha_safeguard", p["alpha_safeguard"]}, {"epsilon", p["epsilon"]},
+                                     {"first_stage_ratio", p["first_stage_ratio"]}}, p["press"]);
+  if (press == "CriticalKVPress")
+    return wrapped("criticalkv", {{"epsilon", p["epsilon"]}, {"first_stage_ratio", p["first_stage_ratio"]}}, p["press"]);
   if (press == "LeverageScorePress" && p["sketch_dimension"].get<int64_t>() == 64)  // Compactor's leverage half
     return {"compactor", {{"sink_start", 0}, {"sink_end", 0}, {"attention", false}, {"sketch_dimension", 0}}};
   if (press == "CompactorPress" && p["sketch_dimension"].get<int64_t>() == 64)  // the identity sketch

@@ -58,7 +58,7 @@ class Chunk final : public Compressor {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    const double kept = opt.budget.kind == Budget::Kind::ratio ? opt.budget.ratio : double(b) / double(n);
+    const double kept = resolve_kept_fraction(opt, n);  // fill=false only
     // Each chunk's share: kvpress's max(1, ⌊len·f⌋) (fill=false), or ⌊len·b/n⌋ with the b − Σ left
     // over given one each to the chunks of largest remainder (earlier first): exactly b (fill).
     const int64_t n_chunks = (n + chunk_ - 1) / chunk_;

@@ -79,8 +79,7 @@ class ChunkKV final : public Compressor {
       for (int64_t i = c * chunk_; i < std::min(n, (c + 1) * chunk_); ++i) rows.push_back(i);
     };
     if (!fill_) {  // kvpress: max(1, ⌊C·f⌋) whole chunks
-      const double kept = opt.budget.kind == Budget::Kind::ratio ? opt.budget.ratio : double(b) / double(n);
-      const int64_t keep = std::max<int64_t>(1, static_cast<int64_t>(double(chunks) * kept));
+      const int64_t keep = std::max<int64_t>(1, static_cast<int64_t>(double(chunks) * resolve_kept_fraction(opt, n)));
       for (int64_t c : detail::top_k_indices(mean.data(), chunks, keep)) take_chunk(c);
     } else {  // the best chunks whole while they fit in b, then the rest of b from the next one's best positions
       std::vector<int64_t> order(static_cast<size_t>(chunks));  // chunks by mean, best first, ties to the lower

@@ -165,8 +165,7 @@ class Compactor final : public Compressor {
     auto att = z_normalise(chunk_attention_scores(kv, lo, hi, o_.chunk_size));               // [Hkv, m]
     double blend = o_.blending;
     if (blend < 0)
-      blend = opt.budget.kind == Budget::Kind::ratio ? 1.0 - opt.budget.ratio
-                                                     : 1.0 - double(resolve_budget(opt, n)) / double(n);
+      blend = 1.0 - resolve_kept_fraction(opt, n);
     scores.narrow(1, lo, m).copy_(blend * lev + att);
     return scores;
   }

@@ -44,6 +44,10 @@ int64_t check_observation_queries(const std::vector<const Compressor*>& methods,
 
 int64_t resolve_budget(const CompressOptions& opt, int64_t n) { return opt.budget.entries_for(n); }
 
+double resolve_kept_fraction(const CompressOptions& opt, int64_t n) {
+  return opt.budget.kind == Budget::Kind::ratio ? opt.budget.ratio : double(resolve_budget(opt, n)) / double(n);
+}
+
 CompressedKV gather_kept(const LayerKV& kv, const at::Tensor& idx) {
   // idx [Hkv, m] int64, -1 = padding
   const int64_t h = kv.n_kv_heads(), d = kv.keys.size(2);

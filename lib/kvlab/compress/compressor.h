@@ -126,6 +126,9 @@ int64_t check_observation_queries(const std::vector<const Compressor*>& methods,
 
 // The entry count a call asks for on a region of n tokens (opt.budget.entries_for(n)).
 int64_t resolve_budget(const CompressOptions& opt, int64_t n);
+// The fraction of a region of n tokens a call keeps, as kvpress's presses read it (1 − their
+// compression_ratio): --ratio's value itself, else resolve_budget / n.
+double resolve_kept_fraction(const CompressOptions& opt, int64_t n);
 
 // Building blocks for methods.
 // A CompressedKV that keeps the given indices exactly. idx [n_kv_heads, m] int64 (sorted or not;

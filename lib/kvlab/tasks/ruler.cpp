@@ -159,6 +159,14 @@ struct Generated {
   std::vector<std::string> queries;  // niah: the keys asked, in order
 };
 
+// niah.py's rewrite of the template (or a part of it) when one value is asked for.
+std::string niah_singular(std::string tmpl) {
+  tmpl = replace_all(tmpl, "Some", "A");
+  tmpl = replace_all(tmpl, "are all", "is");
+  tmpl = replace_all(tmpl, "are", "is");
+  return replace_all(tmpl, "answers", "answer");
+}
+
 Generated niah_generate(const RulerTask& t, const RulerSources& src, int64_t n_hay, Rng& rng, uint64_t seed) {
   const int num_k = std::max(t.num_k, t.num_q);
   std::vector<std::string> keys, needles;
@@ -220,10 +228,7 @@ Generated niah_generate(const RulerTask& t, const RulerSources& src, int64_t n_h
 
   std::string tmpl = std::string(kNiahTemplate) + kNiahPrefix, type_v = t.needle_v;
   if (t.num_q * t.num_v == 1) {  // niah.py's singular rewrite, on the whole template
-    tmpl = replace_all(tmpl, "Some", "A");
-    tmpl = replace_all(tmpl, "are all", "is");
-    tmpl = replace_all(tmpl, "are", "is");
-    tmpl = replace_all(tmpl, "answers", "answer");
+    tmpl = niah_singular(tmpl);
     type_v.pop_back();
   }
   tmpl = replace_all(replace_all(tmpl, "{type_needle_v}", type_v), "{query}", query);
@@ -402,11 +407,13 @@ std::vector<RulerSample> fit_and_sample(const RulerTask& t, int64_t L, int64_t n
 }
 
 // niah_multiquestion: each sample (fitted with its keys asked at once) becomes one sample per key,
-// the same context asked "What is the special magic number for <key> ...?" with niah.py's singular
-// answer prefix. Each question's prompt is shorter than the one fitted, so it fits the length too.
+// the same context asked the template's question and answer prefix (after {context}) with niah.py's
+// singular rewrite. Each question's prompt is shorter than the one fitted, so it fits the length too.
 std::vector<RulerSample> one_question_each(const RulerTask& t, const std::vector<RulerSample>& fitted,
                                            const RulerTokenCount& count) {
   const std::string type_v = t.needle_v.substr(0, t.needle_v.size() - 1);  // "numbers" -> "number"
+  const std::string tmpl = std::string(kNiahTemplate) + kNiahPrefix;
+  const std::string tail = niah_singular(tmpl.substr(tmpl.find("{context}") + 9));  // "\nWhat is ...? The ... is"
   std::vector<RulerSample> out;
   for (const auto& s : fitted) {
     KVLAB_CHECK(s.queries.size() == size_t(t.num_q) && s.outputs.size() == s.queries.size(),
@@ -415,9 +422,10 @@ std::vector<RulerSample> one_question_each(const RulerTask& t, const std::vector
     for (size_t q = 0; q < s.queries.size(); ++q) {
       RulerSample one = s;
       one.index = s.index * int64_t(s.queries.size()) + int64_t(q);
-      one.input = s.input.substr(0, s.context_end) + "\nWhat is the special magic " + type_v + " for " +
-                  s.queries[q] + " mentioned in the provided text?";
-      one.answer_prefix = " The special magic " + type_v + " for " + s.queries[q] + " mentioned in the provided text is";
+      const std::string asked = replace_all(replace_all(tail, "{type_needle_v}", type_v), "{query}", s.queries[q]);
+      const size_t at = asked.rfind(" The special magic");  // where the answer prefix starts, as niah_generate
+      one.input = s.input.substr(0, s.context_end) + asked.substr(0, at);
+      one.answer_prefix = asked.substr(at);
       one.outputs = {s.outputs[q]};
       one.queries = {s.queries[q]};
       one.length = count.prompt(one.input, one.answer_prefix) + t.tokens_to_generate;
