@@ -68,7 +68,7 @@ WINDOW, KERNEL = 32, 7  # kvlab's snapkv / adakv paper preset
 def read_data(folder):
     """The samples of a results folder (data.jsonl.gz) or of a run folder (data/*.jsonl, with their dataset)."""
     if results.is_results_dir(folder):
-        return results.read_jsonl_gz(os.path.join(folder, results.DATA))
+        return results.read_data(folder)
     return [{"dataset": os.path.basename(p)[: -len(".jsonl")], **s}
             for p in sorted(glob.glob(os.path.join(folder, "data", "*.jsonl"))) for s in read_lines(p)]
 

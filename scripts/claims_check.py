@@ -461,7 +461,7 @@ def longeval_qwen():
     print("== SubGen Table 1 / ClusterGen Table 2: LongEval on Qwen2.5-Coder-1.5B-Instruct "
           "(protocol whole, the papers' budgets, exact McNemar, Holm per length) ==")
     for lines, kept, path in LONGEVAL_QWEN:
-        if not os.path.exists(os.path.join(path, "predictions.jsonl.gz")):
+        if not results.is_results_dir(path):
             print(f"  {lines} lines (kept {kept}): not run yet")
             continue
         recs = results.load(path)

@@ -8,7 +8,11 @@ A results folder (docs/results.md) holds
                         edited by hand)
   data.jsonl.gz         the task's samples (one copy, each line carrying its task and length)
   run.json              provenance: the runs and shards that made it, kvlab's own summary tables
-Both tables load in one line of pandas: pd.read_json(p, lines=True) / pd.read_csv(p).
+Both tables load in one line of pandas: pd.read_json(p, lines=True) / pd.read_csv(p), or
+pd.concat(map(pd.read_csv, sorted(glob.glob(folder + "/rows*.csv.gz")))) where a table has parts:
+a .gz table whose gzip would pass PART_BYTES is written as parts, predictions.1of3.jsonl.gz ...
+(consecutive records, each part a whole file: a CSV part repeats the header); `table_paths` lists
+them in order and refuses a set with a part missing; `load`, `read_rows` read them as one table.
 
 The budget has one name here: `kept`, the fraction of the whole cache a branch keeps when decoding
 starts (1.0 for the full cache; kvpress's "compression ratio" is 1 - kept). A budget that is not a
@@ -19,10 +23,12 @@ are read by `from_task_run`: the branch's method, parameters and setting come fr
 rows, the task and length from each line's gold record; no path is parsed.
 """
 import csv
+import glob
 import gzip
 import io
 import json
 import os
+import re
 
 # Identity of a record, in this order, in both tables.
 IDENTITY = ("benchmark", "task", "length", "sample", "method", "params", "setting", "kept",
@@ -32,6 +38,9 @@ NOT_METRICS = {"id", "gold", "output", "input_key", "model_key", "keep_first", "
                "context_group", "question_index"}
 
 PREDICTIONS, ROWS, DATA, RUN = "predictions.jsonl.gz", "rows.csv.gz", "data.jsonl.gz", "run.json"
+# The gzip size a table file stays under: a larger table is split into parts, so no committed
+# file passes the 2 MiB a repository host's checks warn at.
+PART_BYTES = 1_500_000
 
 
 class ResultsError(SystemExit):
@@ -60,8 +69,40 @@ def dataset_label(r):
     return r["task"] if r.get("length") in (None, "") else f"{r['task']}_{r['length']}"
 
 
+def part_names(table, n):
+    """The file names of a table written in n parts: "rows.csv.gz", 3 -> rows.1of3.csv.gz, ...; i is
+    padded to n's width (01of12), so the names sort in order and `sorted(glob("rows*.csv.gz"))` reads them."""
+    if n == 1:
+        return [table]
+    stem, ext = table.split(".", 1)
+    return [f"{stem}.{i:0{len(str(n))}d}of{n}.{ext}" for i in range(1, n + 1)]
+
+
+def table_paths(folder, table):
+    """The files holding `table` (PREDICTIONS, ROWS, DATA) in a results folder, in order: the file
+    itself, or its parts; [] when it has neither. A set with a part missing, or parts of two
+    writes, is an error naming the folder and what is there."""
+    single = os.path.join(folder, table)
+    stem, ext = table.split(".", 1)
+    pattern = re.compile(rf"{re.escape(stem)}\.(\d+)of(\d+)\.{re.escape(ext)}$")
+    parts = sorted((int(m[1]), int(m[2]), p) for p in glob.glob(os.path.join(glob.escape(folder), f"{stem}.*of*.{ext}"))
+                   if (m := pattern.match(os.path.basename(p))))
+    if os.path.isfile(single):
+        if parts:
+            raise ResultsError(f"{folder}: holds both {table} and its parts ({os.path.basename(parts[0][2])}, ...); "
+                               f"one write left the other: remove what is stale")
+        return [single]
+    if not parts:
+        return []
+    n = parts[0][1]
+    if [(i, m) for i, m, _ in parts] != [(i, n) for i in range(1, n + 1)]:
+        raise ResultsError(f"{folder}: the parts of {table} are incomplete or mixed: expected "
+                           f"{', '.join(part_names(table, n))}, found {', '.join(os.path.basename(p) for *_, p in parts)}")
+    return [p for *_, p in parts]
+
+
 def is_results_dir(path):
-    return os.path.isfile(os.path.join(path, PREDICTIONS))
+    return bool(table_paths(path, PREDICTIONS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,10 +124,16 @@ def read_jsonl_gz(path):
 
 
 def load(path):
-    """Records of a results folder, or of a legacy task run folder (converted in memory)."""
+    """Records of a results folder (all parts of its predictions), or of a legacy task run folder
+    (converted in memory)."""
     if is_results_dir(path):
-        return read_jsonl_gz(os.path.join(path, PREDICTIONS))
+        return [rec for part in table_paths(path, PREDICTIONS) for rec in read_jsonl_gz(part)]
     return from_task_run(path)
+
+
+def read_data(path):
+    """The samples of a results folder (data.jsonl.gz, or its parts); [] when it has none."""
+    return [d for part in table_paths(path, DATA) for d in read_jsonl_gz(part)]
 
 
 def run_info(path):
@@ -201,14 +248,18 @@ def _sample_key(s):
     return (0, int(s), "") if s.isdigit() else (1, 0, s)
 
 
-def predictions_text(records):
-    """One line per record, identity first, keys sorted after it: a stable text."""
+def predictions_lines(records):
+    """One line per record (ending in a newline), identity first, keys sorted after it: a stable text."""
     lines = []
     for rec in sorted(records, key=sort_key):
         ordered = {k: rec.get(k) for k in IDENTITY}
         ordered.update({k: rec[k] for k in sorted(rec) if k not in ordered})
-        lines.append(json.dumps(ordered, ensure_ascii=False, separators=(",", ":")))
-    return "".join(line + "\n" for line in lines)
+        lines.append(json.dumps(ordered, ensure_ascii=False, separators=(",", ":")) + "\n")
+    return lines
+
+
+def predictions_text(records):
+    return "".join(predictions_lines(records))
 
 
 def metric_items(rec):
@@ -223,17 +274,57 @@ def metric_items(rec):
             yield k, v
 
 
-def rows_text(records):
-    """The long table: IDENTITY columns, then metric, value (params as compact JSON)."""
+def _csv_line(row):
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(IDENTITY + ("metric", "value"))
+    csv.writer(buf, lineterminator="\n").writerow(row)
+    return buf.getvalue()
+
+
+ROWS_HEADER = _csv_line(IDENTITY + ("metric", "value"))
+
+
+def rows_lines(records):
+    """The long table's lines after its header: IDENTITY columns, then metric, value (params as
+    compact JSON)."""
+    lines = []
     for rec in sorted(records, key=sort_key):
         ident = [json.dumps(rec.get(k), separators=(",", ":"), sort_keys=True) if k == "params"
                  else ("" if rec.get(k) is None else rec.get(k)) for k in IDENTITY]
         for metric, value in metric_items(rec):
-            w.writerow(ident + [metric, repr(float(value)) if isinstance(value, float) else value])
-    return buf.getvalue()
+            lines.append(_csv_line(ident + [metric, repr(float(value)) if isinstance(value, float) else value]))
+    return lines
+
+
+def rows_text(records):
+    return ROWS_HEADER + "".join(rows_lines(records))
+
+
+def gzip_parts(lines, header="", limit=None):
+    """The gzip files of one table: the fewest equal runs of consecutive lines (each part opening
+    with `header`) whose every gzip is at most `limit` bytes (PART_BYTES); one part when it fits.
+    The same lines give the same parts."""
+    limit = limit or PART_BYTES
+    n = 1
+    while True:
+        size = -(-len(lines) // n) if lines else 0
+        blobs = [gzip_bytes(header + "".join(lines[i:i + size])) for i in range(0, len(lines), size or 1)] or \
+                [gzip_bytes(header)]
+        largest = max(len(b) for b in blobs)
+        if largest <= limit or size <= 1:
+            return blobs
+        n = max(n + 1, -(-n * largest // limit))
+
+
+def write_table(out, table, blobs):
+    """Writes a table's parts (gzip_parts) under their names, then removes the files of an earlier
+    write of the same table under other names (a single file now split, or parts of another count)."""
+    names = part_names(table, len(blobs))
+    for name, blob in zip(names, blobs):
+        write_atomic(os.path.join(out, name), blob)
+    stem, ext = table.split(".", 1)
+    for old in [os.path.join(out, table)] + glob.glob(os.path.join(glob.escape(out), f"{stem}.*of*.{ext}")):
+        if os.path.basename(old) not in names and os.path.isfile(old):
+            os.remove(old)
 
 
 def check_unique(records, where):
@@ -253,19 +344,24 @@ def write_results(out, records, data=None, run=None):
     """Writes a results folder (see the module's docstring); each file atomically."""
     os.makedirs(out, exist_ok=True)
     records = check_unique(records, out)
-    write_atomic(os.path.join(out, PREDICTIONS), gzip_bytes(predictions_text(records)))
-    write_atomic(os.path.join(out, ROWS), gzip_bytes(rows_text(records)))
+    write_table(out, PREDICTIONS, gzip_parts(predictions_lines(records)))
+    write_table(out, ROWS, gzip_parts(rows_lines(records), ROWS_HEADER))
     if data is not None:
-        text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in data)
-        write_atomic(os.path.join(out, DATA), gzip_bytes(text))
+        write_table(out, DATA, gzip_parts(data_lines(data)))
     if run is not None:
         write_atomic(os.path.join(out, RUN), (json.dumps(run, indent=1, sort_keys=True) + "\n").encode())
 
 
+def data_lines(data):
+    return [json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in data]
+
+
 def read_rows(path):
-    """The long table of a results folder as a list of dicts (value as float)."""
-    with gzip.open(os.path.join(path, ROWS), "rt", encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
+    """The long table of a results folder (all its parts) as a list of dicts (value as float)."""
+    rows = []
+    for part in table_paths(path, ROWS):
+        with gzip.open(part, "rt", encoding="utf-8", newline="") as f:
+            rows += list(csv.DictReader(f))
     for r in rows:
         r["value"] = float(r["value"])
     return rows

@@ -36,20 +36,29 @@ def check(cond, what, out=""):
     passed += 1
 
 
+def file_bytes(folder, table):
+    out = []
+    for p in results.table_paths(folder, table):
+        with open(p, "rb") as f:
+            out.append(f.read())
+    return out
+
+
 # 1. committed folders
 # a step's folder, or one run of a step whose runs re-ran each other's branches (results/niah_leaderboard_*/<run>)
-folders = sorted(os.path.dirname(p) for pattern in (("*",), ("*", "*"))
-                 for p in glob.glob(os.path.join(ROOT, "results", *pattern, results.PREDICTIONS)))
+folders = sorted(p for pattern in (("*",), ("*", "*"))
+                 for p in glob.glob(os.path.join(ROOT, "results", *pattern)) if results.is_results_dir(p))
 check(len(folders) >= 3, f"at least the three converted RULER steps are results folders (found {len(folders)})")
 for folder in folders:
     name = os.path.relpath(folder, ROOT)
     records = results.load(folder)
     check(len(results.check_unique(records, name)) == len(records), f"{name}: no identity repeats")
-    with open(os.path.join(folder, results.PREDICTIONS), "rb") as f:
-        check(f.read() == results.gzip_bytes(results.predictions_text(records)),
-              f"{name}: predictions.jsonl.gz is byte-identical to a fresh write of its records")
-    with gzip.open(os.path.join(folder, results.ROWS), "rt", encoding="utf-8", newline="") as f:
-        check(f.read() == results.rows_text(records), f"{name}: rows.csv.gz is the long table of its predictions")
+    check(file_bytes(folder, results.PREDICTIONS) == results.gzip_parts(results.predictions_lines(records)),
+          f"{name}: predictions.jsonl.gz (or its parts) is byte-identical to a fresh write of its records")
+    check(file_bytes(folder, results.ROWS) == results.gzip_parts(results.rows_lines(records), results.ROWS_HEADER),
+          f"{name}: rows.csv.gz (or its parts) is byte for byte the long table of its predictions")
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*"))}
+    check(max(sizes.values()) <= 2 << 20, f"{name}: no file over 2 MiB", str(sizes))
     info = results.run_info(folder)
     check(info.get("format") == 1 and info.get("converted_from"), f"{name}: run.json says its format and sources")
 
@@ -108,6 +117,34 @@ with tempfile.TemporaryDirectory() as d:
                              "params": {}, "setting": "ratio=0.25", "preset": "paper", "protocol": "whole"}]}, f)
     with open(os.path.join(legacy, "pred", "not_a_method_name", "cwe_2048.jsonl"), "w") as f:
         f.write(json.dumps({"id": "7", "score": 1.0, "gold": {"task": "cwe", "length": 2048}}) + "\n")
+    # a table larger than PART_BYTES is written in parts, read back as one; a later write that fits
+    # leaves one file again; a missing part is refused by name
+    many = [dict(base, sample=str(i), score=i % 3 / 2, output=f"out {i * 7919 % 1000}", entries_start=100 + i)
+            for i in range(400)]
+    parted = os.path.join(d, "parted")
+    saved, results.PART_BYTES = results.PART_BYTES, 1500
+    try:
+        results.write_results(parted, many, data=[{"id": str(i), "text": f"sample {i}"} for i in range(400)])
+    finally:
+        results.PART_BYTES = saved
+    preds, rows_parts = results.table_paths(parted, results.PREDICTIONS), results.table_paths(parted, results.ROWS)
+    check(len(preds) > 2 and len(rows_parts) > 2 and all(os.path.getsize(p) <= 1500 for p in preds + rows_parts),
+          "a large table is split into parts under the limit", str([os.path.basename(p) for p in preds + rows_parts]))
+    check(os.path.basename(preds[0]) == f"predictions.1of{len(preds)}.jsonl.gz" and not
+          os.path.exists(os.path.join(parted, results.PREDICTIONS)), "parts are named i of n", str(preds))
+    check(results.load(parted) == sorted(many, key=results.sort_key), "the parts read back as the whole table, in order")
+    check(len(results.read_rows(parted)) == 2 * len(many) and len(results.read_data(parted)) == 400,
+          "rows and data read across their parts (each CSV part repeats the header)")
+    os.remove(preds[1])
+    try:
+        results.load(parted)
+        check(False, "a missing part is refused")
+    except results.ResultsError as e:
+        check(os.path.basename(preds[1]) in str(e) and "incomplete" in str(e), "a missing part is refused, naming it", str(e))
+    results.write_results(parted, many)
+    check(results.table_paths(parted, results.PREDICTIONS) == [os.path.join(parted, results.PREDICTIONS)] and
+          len(glob.glob(os.path.join(parted, "*of*"))) == len(results.table_paths(parted, results.DATA)),
+          "a write that fits in one file removes the parts of the earlier write", str(os.listdir(parted)))
     (r,) = results.load(legacy)
     check((r["method"], r["kept"], r["task"], r["length"], r["sample"], r["shard"]) == ("knorm", 0.25, "cwe", 2048, "7", "1/8"),
           "a legacy run's identity comes from its rows and gold records, not its paths", str(r))
