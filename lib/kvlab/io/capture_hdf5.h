@@ -45,6 +45,8 @@ class RawBytes {
   // n bytes at address addr (counted from HDF5's base address, the user block's end); false if
   // they are not all in the file.
   bool read(uint64_t addr, size_t n, uint8_t* out) const;
+  uint64_t size() const;  // bytes from the base address to the end
+  void set_base(uint64_t base);
 
  private:
   std::string path_, image_;
@@ -62,5 +64,13 @@ class RawBytes {
 // bounds checks came upstream in 1.14.1, HDFGroup/hdf5#2749). Version-2 headers, which kvlab
 // never writes, are refused. Returns "" if all hold, else what does not.
 std::string check_object_header(const RawBytes& bytes, uint64_t addr, bool dataset);
+
+// Checks a version-0/1 superblock (at bytes' address 0) before HDF5 opens the file: 8-byte
+// addresses and lengths, and the end of file it records is the file's (kvlab writes both so; HDF5
+// 1.10 refuses a file longer or shorter, and keeps ~400 bytes of each failed open). Sets bytes'
+// base address to the superblock's and *root to the root group's object header, which HDF5's open
+// reads: check it too (check_object_header) first. "" when all hold, or when the file does not
+// start with HDF5's signature (HDF5 then says what the file is not).
+std::string check_superblock(RawBytes& bytes, uint64_t* root);
 
 }  // namespace kvlab::capture_detail

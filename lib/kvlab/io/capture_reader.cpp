@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "kvlab/core/check.h"
@@ -137,20 +138,17 @@ struct CaptureReader::Impl {
     return file.openGroup(name);
   }
 
-  // HDF5's base address (the user block's size), after checking the address and length sizes
-  // that check_object_header assumes.
-  // (The C API: HDF5 1.10.8's H5File::getCreatePlist keeps about 2 KB per call, never freed.)
-  uint64_t base_address() const {
-    const hid_t fcpl = H5Fget_create_plist(file.getId());
-    size_t sizeof_addr = 0, sizeof_size = 0;
-    hsize_t userblock = 0;
-    const bool ok = fcpl >= 0 && H5Pget_sizes(fcpl, &sizeof_addr, &sizeof_size) >= 0 &&
-                    H5Pget_userblock(fcpl, &userblock) >= 0;
-    if (fcpl >= 0) H5Pclose(fcpl);
-    if (!ok) throw H5::Exception("H5Fget_create_plist", "cannot read the file creation properties");
-    expect(sizeof_addr == 8 && sizeof_size == 8, "{}-byte addresses and {}-byte lengths (kvlab writes 8 and 8)",
-           sizeof_addr, sizeof_size);
-    return userblock;
+  // Before HDF5 opens the file: the superblock (sets raw's base address) and the root group's
+  // object header, which the open reads.
+  void check_before_open() {
+    uint64_t root = 0;
+    std::string e = check_superblock(raw, &root);
+    if (e.empty() && root) {
+      at = "group '/'";
+      e = check_object_header(raw, root, false);
+    }
+    expect(e.empty(), "{} (corrupt or truncated file?)", e);
+    at = "the file";
   }
 
   // ---- attributes -----------------------------------------------------------------------------
@@ -467,8 +465,9 @@ CaptureReader::CaptureReader(const std::string& path) : impl_(new Impl) {
   m.guard([&] {
     KVLAB_CHECK(H5::H5File::isHdf5(path), "capture '{}': not an HDF5 file (corrupt, truncated, or not a "
                 "capture)", path);
+    m.raw = RawBytes::of_file(path, 0);
+    m.check_before_open();
     m.file = H5::H5File(path, H5F_ACC_RDONLY);
-    m.raw = RawBytes::of_file(path, m.base_address());
   });
   m.load();
 }
@@ -480,6 +479,8 @@ CaptureReader CaptureReader::from_image(const void* data, size_t size, const std
   m->image_bytes = int64_t(size);
   KVLAB_CHECK(data && size >= 8, "capture '{}': not an HDF5 file ({} bytes)", name, size);
   m->guard([&] {
+    m->raw = RawBytes::of_image(data, size, 0);
+    m->check_before_open();
     // The core driver, without a backing store, on a copy of the image: nothing touches disk.
     H5::FileAccPropList fapl;
     fapl.setCore(1 << 16, false);
@@ -489,7 +490,6 @@ CaptureReader CaptureReader::from_image(const void* data, size_t size, const std
     static std::atomic<uint64_t> counter{0};
     const std::string h5name = fmt::format("kvlab-image-{}:{}", counter++, name);
     m->file = H5::H5File(h5name, H5F_ACC_RDONLY, H5::FileCreatPropList::DEFAULT, fapl);
-    m->raw = RawBytes::of_image(data, size, m->base_address());
   });
   m->load();
   return CaptureReader(std::move(m));
