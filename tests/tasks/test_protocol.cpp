@@ -99,6 +99,11 @@ TEST_CASE("presets: every method has a paper preset with its source; bad names f
   CHECK_THROWS_WITH_AS(one("snapkv", "default", {"keep_first=-3"}), doctest::Contains("keep_first"), Error);
   CHECK(expand_model("c/x_{model}.json", "../shared/models/stories260K/") == "c/x_stories260K.json");
   CHECK(expand_model("{model}", "/m/SmolLM2-135M.Q4_1.gguf") == "SmolLM2-135M.Q4_1");
+  // a registered name keeps its dots: the calibrate step of configs/qwen/ruler_leaderboard_4k.json
+  // writes chelsea_outliers_qwen2.5-coder-0.5b.json (was looked for as ..._qwen2.5-coder-0.json)
+  CHECK(expand_model("c/x_{model}.json", "qwen2.5-coder-0.5b") == "c/x_qwen2.5-coder-0.5b.json");
+  CHECK(expand_model("{model}", "models/qwen2.5-coder-0.5b/") == "qwen2.5-coder-0.5b");
+  CHECK(expand_model("{model}", "w/model.safetensors") == "model");
 }
 
 TEST_CASE("presets: chelsea's paper preset refuses to run without its outlier file, naming the command") {
@@ -107,6 +112,12 @@ TEST_CASE("presets: chelsea's paper preset refuses to run without its outlier fi
                        doctest::Contains("kvlab calibrate chelsea --model stories260K"), Error);
   CHECK_THROWS_WITH_AS(one("chelsea", "paper", {"chelsea.outliers=" + dir + "/none.json"}),
                        doctest::Contains("does not exist"), Error);
+  CHECK_THROWS_WITH_AS(one("chelsea", "paper"), doctest::Contains("or give --param chelsea.outliers= to run without it"),
+                       Error);
+  // Given empty: the paper's settings without outlier heads (Chelsea's NIAH run), no file needed
+  const MethodSpec no_outliers = one("chelsea", "paper", {"chelsea.outliers="});
+  CHECK(no_outliers.compressor->params()["outliers"] == "");
+  CHECK(no_outliers.compressor->params()["chunk"] == 256);
   // The same through a task command, before the model loads.
   if (!have_stories()) return;
   std::string out;

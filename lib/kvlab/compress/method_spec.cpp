@@ -170,12 +170,16 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
         !method_params[file_key].get<std::string>().empty() &&
         !std::filesystem::exists(method_params[file_key].get<std::string>()))
       continue;
-    if (!pre.required_file.empty()) {
+    // `--param chelsea.outliers=` (given, empty) runs the method without the file (Chelsea's NIAH
+    // run omits the outlier heads); the method decides what none means, or refuses.
+    const bool none_given = method_params.contains(pre.required_file) && method_params[pre.required_file] == "";
+    if (!pre.required_file.empty() && !none_given) {
       const std::string file = method_params.value(pre.required_file, std::string());
       KVLAB_CHECK(!file.empty() && std::filesystem::is_regular_file(file),
-                  "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {}",
+                  "{} --preset {} needs the file of its parameter '{}' ({}), which does not exist; make it with: {} "
+                  "(or give --param {}.{}= to run without it)",
                   name, preset, pre.required_file, file.empty() ? "not given" : "'" + file + "'",
-                  expand_model(pre.make_command, model));
+                  expand_model(pre.make_command, model), name, pre.required_file);
     }
     m.params = method_params;
     m.compressor = make_compressor(name, method_params);
