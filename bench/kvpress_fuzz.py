@@ -53,6 +53,10 @@ about half the time:
   compactor              CompactorPress(sketch 64, identity sketch)  compactor sketch_dimension=0 blending=ratio
   non_causal_attn        NonCausalAttnPress(chunk_size)      compactor sink_start=0 sink_end=0 blending=0
   leverage_score         LeverageScorePress(sketch 64, identity)     compactor sinks 0 attention=false sketch_dimension=0
+  cur                    CURPress(num_sinks, leverage_type, local approximation, window; no random
+                         leverage)                           cur n_sink leverage local window
+  chunkkv_knorm/_snapkv  ChunkKVPress(Knorm/SnapKV, chunk_length)  chunkkv scorer=... chunk_length fill=false
+  chunk_knorm            ChunkPress(Knorm, chunk_length)     chunk scorer=knorm chunk_length fill=false
   kvzip                  KVzipPress(chunk_size, layerwise, n_sink)   kvzip chunk_size layerwise n_sink
 (CompactorPress / LeverageScorePress: kvpress's Gaussian sketch replaced by the identity, as the golden
 does, so both sides compute exact leverage scores.)
@@ -174,7 +178,9 @@ def _inner_kvlab(scorer, ip):
 
 
 class Press:
-    """kind: 'scorer' (n_kept per KV head), 'ada' (n_kept * H per layer), 'kvzip' (one global cut)."""
+    """kind: 'scorer' (n_kept per KV head), 'ada' (n_kept * H per layer), 'kvzip' (one global cut),
+    'fraction' (ChunkKV, Chunk: a count the press derives from the kept fraction itself -- whole
+    chunks, a share of each chunk -- the same on every head; kvlab gets --ratio 1-ratio, fill=false)."""
 
     def __init__(self, name, kind, draw, make, kvlab, impl="sdpa"):
         self.name, self.kind, self.draw, self.make, self.kvlab, self.impl = name, kind, draw, make, kvlab, impl
@@ -261,6 +267,27 @@ def make_presses():
                    lambda kp, r, p: kp.LeverageScorePress(compression_ratio=r, sketch_dimension=64),
                    lambda p, r: ("compactor", {"sink_start": 0, "sink_end": 0, "attention": False,
                                                "sketch_dimension": 0, "blending": r})))
+    P.append(Press("cur", "scorer",
+                   lambda rng: {"num_sinks": vary(rng, 4, [0, 16]),
+                                "leverage_type": vary(rng, "kv_product", ["key", "value", "kv_avg"]),
+                                "use_local_approximation": vary(rng, True, [False]),
+                                "local_window_size": vary(rng, 16, [8, 32])},
+                   lambda kp, r, p: kp.CURPress(compression_ratio=r, use_random_leverage=False, **p),
+                   lambda p, r: ("cur", {"n_sink": p["num_sinks"], "leverage": p["leverage_type"],
+                                         "local": p["use_local_approximation"], "window": p["local_window_size"]})))
+    for scorer in ("knorm", "snapkv"):
+        def draw_chunkkv(rng, scorer=scorer):
+            p = {"chunk_length": vary(rng, 20, [8, 64])}
+            if scorer == "snapkv":
+                p.update(_snap_params(rng))
+            return p
+        P.append(Press(f"chunkkv_{scorer}", "fraction", draw_chunkkv,
+                       lambda kp, r, p, s=scorer: kp.ChunkKVPress(press=_inner(kp, s, r, p), chunk_length=p["chunk_length"]),
+                       lambda p, r, s=scorer: ("chunkkv", {"chunk_length": p["chunk_length"], "fill": False,
+                                                           **_inner_kvlab(s, p)})))
+    P.append(Press("chunk_knorm", "fraction", lambda rng: {"chunk_length": vary(rng, 128, [64, 256, 1024])},
+                   lambda kp, r, p: kp.ChunkPress(press=kp.KnormPress(compression_ratio=r), chunk_length=p["chunk_length"]),
+                   lambda p, r: ("chunk", {"scorer": "knorm", "chunk_length": p["chunk_length"], "fill": False})))
     P.append(Press("kvzip", "kvzip",
                    lambda rng: {"chunk_size": vary(rng, 2048, [128, 256, 512]), "layerwise": vary(rng, False, [True], 0.75),
                                 "n_sink": vary(rng, 4, [1, 8], 0.75)},
@@ -631,6 +658,8 @@ def draw_case(args, ctx, press, seed, index):
         b = n_kept_per_head(n, ratio)
     frac = f"{1 - ratio:.10g}"
     use_ratio = rng.random() < 0.5 and llround(float(frac) * n) == b
+    if press.kind == "fraction":  # the press counts from the fraction: kvlab gets kvpress's own 1 - ratio
+        frac, use_ratio = repr(1 - ratio), True
     if use_ratio and press.name.startswith("criticalkv_") and not ctx.any_length:
         fsr = params["first_stage_ratio"]
         use_ratio = kvlab_first_stage(("ratio", frac), n, fsr) == criticalkv_first_stage(n, ratio, fsr)
@@ -657,7 +686,7 @@ def compare(n, mine_layers, kept, bands, kind, n_kv):
             jmin = min(jmin, jac)
             layer_mine += len(mine)
             layer_theirs += len(theirs)
-            if kind == "scorer" and len(mine) != len(theirs):
+            if kind in ("scorer", "fraction") and len(mine) != len(theirs):
                 count_problems.append({"layer": l, "head": h, "kvlab": len(mine), "kvpress": len(theirs)})
             if diff:
                 n_diff += len(diff)

@@ -79,6 +79,8 @@ BUZZ_TABLE3_H2O_SPLIT = R("buzz_table3_segments_h2o_split", "run", "result.json"
 BUZZ_TABLEA = glob.glob(R("buzz_tableA", "*", "sweep_rows.jsonl"))[0]
 BUZZ_TABLE3 = glob.glob(R("buzz_table3", "*", "result.json"))[0]
 MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
+# configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
+NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
 LONGEVAL_QWEN = [(200, 0.643, R("longeval_qwen15_paper_200")), (300, 0.577, R("longeval_qwen15_paper_300")),
                  (400, 0.49, R("longeval_qwen15_paper_400"))]
@@ -393,6 +395,32 @@ def chelsea_niah():
     print()
 
 
+def chelsea_niah_qwen():
+    """Chelsea Fig. 8 at the paper's NIAH setting (no outlier heads, r = 0.25 at every merge step,
+    25% of the cache; SnapKV's window 100, StreamingLLM's 4 sinks, CaM on StreamingLLM) on
+    Qwen2.5-Coder-0.5B-Instruct, 1k-4k x 21 depths, protocol whole: needle found per cell; Chelsea
+    against each of Table 2's baselines, exact McNemar with Newcombe's interval, Holm over the three."""
+    print("== Chelsea Fig. 8: NIAH on Qwen2.5-Coder-0.5B, the paper's setting (no outlier heads, r = 0.25), "
+          "kept 0.25, whole, exact McNemar, Holm over 3 baselines ==")
+    if not results.is_results_dir(NIAH_QWEN_CHELSEA):
+        print("  not run yet (configs/qwen/niah_chelsea_4k.json)\n")
+        return
+    recs = results.load(NIAH_QWEN_CHELSEA)
+    ex = by_sample(recs, method="exact")
+    branch = {m: by_sample(recs, method=m, setting="ratio=0.25") for m in ("chelsea", "snapkv", "streaming_llm", "cam")}
+    keys = sorted(ex)
+    for b in branch.values():
+        aligned(ex, b)
+    found = {m: sum(found_of(b[k]) for k in keys) for m, b in branch.items()}
+    print(f"  found of {len(keys)} cells: full cache {sum(found_of(ex[k]) for k in keys)}, "
+          + ", ".join(f"{m} {v}" for m, v in found.items()))
+    fam = with_holm({base: found_contrast(branch["chelsea"], branch[base], keys)
+                     for base in ("snapkv", "streaming_llm", "cam")})
+    for base, c in fam.items():
+        show("CHL-F8 qwen", f"chelsea - {base} (found, points; discordant {c['b']}-{c['c']})", c, sign=+1, nd=1)
+    print()
+
+
 def balancekv_ruler():
     """BalanceKV beside RULER (not its paper's benchmark), kept 0.25, both protocols, 11 tasks."""
     print("== BalanceKV Table 1 beside RULER (not a paper benchmark): kept 0.25, 11 tasks ==")
@@ -665,6 +693,7 @@ def main():
     chelsea_longbench(lb)
     clustergen_longbench(lb)
     chelsea_niah()
+    chelsea_niah_qwen()
     chelsea_ruler()
     balancekv_ruler()
     longeval_accuracy()
