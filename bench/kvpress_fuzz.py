@@ -74,6 +74,9 @@ Tie bands beyond the goldens' (each found by this fuzzer):
   - CriticalKVPress: stage 1 keeps int((1 - ratio) * n * first_stage_ratio) raw scores outright; the
     band at that cut (where it straddles it) is added. On layer 0 knorm gives one token at two
     positions equal float32 key norms, and the final scores (stage 1's at the float maximum) hide it.
+  - CriticalAdaKVPress: the same at its safeguard's cut (int(n_kept * alpha_safeguard) per head) and
+    at stage 1's per-head cuts (int(head budget * first_stage_ratio)), replayed from the raw scores
+    (criticaladakv_cuts).
   - LagKVPress: its scores are ranks within partitions of lag_size; positions whose raw scores lie
     within 1e-5 relative of each other in a partition take their ranks in any order, and where that
     range of ranks reaches the cut they are added (measured: raw scores 1.4e-8 relative apart).
@@ -490,7 +493,7 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
         bands = [[sorted(b) for b in row] for row in rec["tie_band"]]
     else:
         raw = {}
-        if type(press).__name__ == "CriticalKVPress":
+        if type(press).__name__ in ("CriticalKVPress", "CriticalAdaKVPress"):
             # Its stage 1 keeps the inner press's top int((1 - ratio) * n * first_stage_ratio) raw scores
             # outright (at the float maximum): the Recorder's band, at the final cut, does not see a
             # tie at that cut (knorm on layer 0: one token at two positions, equal norms in float32).
@@ -503,6 +506,20 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
                 return sc
 
             inner.score = score_and_keep
+        norms = {}
+        if type(press).__name__ == "CriticalAdaKVPress":
+            # Its stage 2 keeps each head's top head-budget of (scores + epsilon) * the values' projected
+            # norm; the final cut (across heads) does not see a tie there. Keep the norms to replay it.
+            crit = sys.modules[type(press).__module__].CriticalKVPress
+            vwl1 = crit.__dict__["vwl1norm"]
+
+            def vwl1_and_keep(values, module):
+                out = vwl1.__func__(values, module)
+                norms[module.layer_idx] = out.detach().clone()
+                return out
+
+            crit.vwl1norm = staticmethod(vwl1_and_keep)
+            restore_vwl1 = lambda: setattr(crit, "vwl1norm", vwl1)  # noqa: E731
         lag_raw = {}
         if type(press).__name__ == "LagKVPress" and not press.cross_scoring:
             # LagKV's scores are ranks within each partition of lag_size: a near-tie of the raw scores
@@ -522,8 +539,12 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
 
             press.score = score_and_keep_raw
         rec = base.Recorder(press, H)
-        with torch.no_grad():
-            greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
+        try:
+            with torch.no_grad():
+                greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
+        finally:
+            if norms or type(press).__name__ == "CriticalAdaKVPress":
+                restore_vwl1()
         assert sorted(rec.layers) == list(range(L)), sorted(rec.layers)
         kept = [[list(k) for k in rec.layers[l]["kept"]] for l in range(L)]
         bands = [[list(b) for b in rec.layers[l]["tie_band"]] for l in range(L)]
@@ -546,9 +567,14 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
                 bands[l][h] = sorted(set(bands[l][h]) | set(extra))
         for l, sc in raw.items():
             n = sc.shape[-1]
-            first = criticalkv_first_stage(n, ratio, press.first_stage_ratio)
+            if type(press).__name__ == "CriticalKVPress":
+                first = criticalkv_first_stage(n, ratio, press.first_stage_ratio)
+                extra = [cut_band(sc[0, h].double(), first) for h in range(H)]
+            else:
+                extra = criticaladakv_bands(sc[0], norms[l][0], n_kept_per_head(n, ratio), press.alpha_safeguard,
+                                            press.first_stage_ratio, press.epsilon)
             for h in range(H):
-                bands[l][h] = sorted(set(bands[l][h]) | set(cut_band(sc[0, h].double(), first)))
+                bands[l][h] = sorted(set(bands[l][h]) | set(extra[h]))
     return kept, bands, greedy
 
 
@@ -569,6 +595,32 @@ def lagkv_rank_band(raw, kth, n_sink, lag):
                 out += [n_sink + p * lag + int(q) for q in order[i:j]]
             i = j
     return out
+
+
+def criticaladakv_bands(raw, norm, n_kept, alpha, fsr, eps):
+    """Tie bands at the per-head cuts CriticalAdaKVPress.compress makes before its final one (across
+    heads), replayed in its float32 from the inner press's raw scores raw [H, n] and the values'
+    projected norms norm [H, n]: the safeguard's top n_safe, stage 1's top int(head budget * fsr), and
+    stage 2's top head budget of (scores + eps) * norm, the head budgets shared out by the layer's top
+    n_kept * H. A tie at any of them may be kept by one side and dropped by the other (found by this
+    fuzzer: criticaladakv_knorm, seed 0, case 13). Per head, the positions."""
+    H, n = raw.shape
+    big = torch.finfo(raw.dtype).max
+    n_safe = int(n_kept * alpha)
+    if alpha > 0:
+        n_safe = max(1, n_safe) if n_kept > 0 else 0
+    bands = [cut_band(raw[h].double(), n_safe) for h in range(H)]
+    s = raw.clone()
+    s.scatter_(-1, torch.topk(s, n_safe, dim=-1).indices, big)
+    budgets = torch.bincount(torch.topk(s.reshape(-1), n_kept * H).indices // n, minlength=H).tolist()
+    for h in range(H):
+        k1 = int(budgets[h] * fsr)
+        bands[h] += cut_band(s[h].double(), k1)
+        s[h].scatter_(-1, torch.topk(s[h], k1).indices, big)
+    s2 = (s + eps) * norm
+    for h in range(H):
+        bands[h] += cut_band(s2[h].double(), budgets[h])
+    return bands
 
 
 def criticalkv_first_stage(n, ratio, first_stage_ratio):
