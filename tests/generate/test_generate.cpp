@@ -428,3 +428,22 @@ TEST_CASE("batched branch decoding equals sequential for every method (tiny gemm
   nlohmann::json meta = read_json_file(test::fixtures_dir() + "/tiny_models/gemma3_sw8/expected.json");
   check_batched_equals_sequential(model, meta["token_ids"].get<std::vector<int64_t>>(), {5, 6, 7}, 8, 8);
 }
+
+TEST_CASE("counted whole without exact parts, a ratio reaches the method as a ratio (ChunkPress's count, kvpress_fuzz)") {
+  // Found by bench/kvpress_fuzz.py (chunk_knorm, seed 0, case 3): at 1,017 tokens and --ratio 0.25,
+  // kvlab's chunk (fill=false) kept 247 per head where ChunkPress keeps 254: the budget reached it as
+  // 254 entries, so each 128-chunk kept floor(128 * 254 / 1017) = 31, not floor(128 * 0.25) = 32.
+  const int64_t n = 1017;
+  auto k = at::randn({2, n, 8}, at::TensorOptions().dtype(at::kFloat)), v = at::randn({2, n, 8});
+  auto c = make_compressor("chunk", {{"scorer", "knorm"}, {"chunk_length", 128}, {"fill", false}});
+  CompressOptions co;
+  co.budget = Budget::of_ratio(0.25);
+  auto kept = [&](int64_t keep_first) {
+    CompressedLayer l = compress_layer(*c, co, k, v, at::Tensor(), keep_first, 0, 0, 1, nullptr, false, true);
+    return at::isfinite(l.num.bias[0]).sum().item<int64_t>();
+  };
+  CHECK(kept(0) == 7 * 32 + 30);  // seven whole chunks and one of 121: max(1, floor(len * 0.25)) each
+  // With exact parts the region gets what they leave, in entries: 254 - 4 of its 1,013 positions
+  CHECK(kept(4) == 4 + 7 * 31 + 28);  // 4 exact; chunks of 128 x 7 and 117: floor(len * 250 / 1013)
+}
+

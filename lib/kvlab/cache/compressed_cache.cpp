@@ -151,7 +151,10 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
     }
   }
   const int64_t end = n - std::min(n, keep_last), begin = std::min(keep_first, end);
-  if (whole && end > begin)
+  // With exact parts the region's budget is what they leave, in entries; without, the budget stays as
+  // given, so a ratio reaches the method as a ratio (ChunkPress and ChunkKV count their chunks' shares
+  // from the fraction itself, kvpress's rule: 254 / 1,017 in place of 0.25 kept 31 of a 128-chunk, not 32).
+  if (whole && end > begin && (begin > 0 || end < n))
     region_opt.budget = Budget::of_entries(std::max<int64_t>(1, opt.budget.entries_for(n) - begin - (n - end)));
   LayerKV region = region_of(k, v, begin, end, q_obs,
                              n_obs ? at::arange(n - n_obs, n, k.options().dtype(at::kLong)) : at::Tensor(), layer,
