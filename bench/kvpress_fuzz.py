@@ -75,8 +75,9 @@ Tie bands beyond the goldens' (each found by this fuzzer):
     band at that cut (where it straddles it) is added. On layer 0 knorm gives one token at two
     positions equal float32 key norms, and the final scores (stage 1's at the float maximum) hide it.
   - CriticalAdaKVPress: the same at its safeguard's cut (int(n_kept * alpha_safeguard) per head) and
-    at stage 1's per-head cuts (int(head budget * first_stage_ratio)), replayed from the raw scores
-    (criticaladakv_cuts).
+    at stage 1's and stage 2's per-head cuts (int(head budget * first_stage_ratio); the head budget of
+    (scores + epsilon) * the values' projected norm), replayed from the raw scores and the captured
+    norms (criticaladakv_bands).
   - LagKVPress: its scores are ranks within partitions of lag_size; positions whose raw scores lie
     within 1e-5 relative of each other in a partition take their ranks in any order, and where that
     range of ranks reaches the cut they are added (measured: raw scores 1.4e-8 relative apart).
@@ -168,6 +169,14 @@ def _snap_params(rng):
     return {"window_size": vary(rng, 32, [16, 64]), "kernel_size": vary(rng, 5, [3, 7])}
 
 
+def _with_inner(rng, scorer, p):
+    """A wrapper press's drawn parameters p, with the inner SnapKVPress's drawn after them when the
+    scorer is snapkv (the order a case's draws keep)."""
+    if scorer == "snapkv":
+        p.update(_snap_params(rng))
+    return p
+
+
 def _inner(kvpress, scorer, ratio, ip):
     if scorer == "knorm":
         return kvpress.KnormPress(compression_ratio=ratio)
@@ -221,20 +230,14 @@ def make_presses():
                    lambda p, r: ("lagkv", {"n_sink": p["n_sink"], "lag_size": p["lag_size"]})))
     for scorer in ("knorm", "snapkv"):
         def draw_ada(rng, scorer=scorer):
-            p = {"alpha_safeguard": vary(rng, 0.2, [0.1, 0.5])}
-            if scorer == "snapkv":
-                p.update(_snap_params(rng))
-            return p
+            return _with_inner(rng, scorer, {"alpha_safeguard": vary(rng, 0.2, [0.1, 0.5])})
         P.append(Press(f"adakv_{scorer}", "ada", draw_ada,
                        lambda kp, r, p, s=scorer: kp.AdaKVPress(press=_inner(kp, s, r, p),
                                                                 alpha_safeguard=p["alpha_safeguard"]),
                        lambda p, r, s=scorer: ("adakv", {"alpha_safeguard": p["alpha_safeguard"], **_inner_kvlab(s, p)})))
     for scorer in ("knorm", "snapkv"):
         def draw_crit(rng, scorer=scorer):
-            p = {"first_stage_ratio": vary(rng, 0.5, [0.25, 0.75]), "epsilon": 1e-4}
-            if scorer == "snapkv":
-                p.update(_snap_params(rng))
-            return p
+            return _with_inner(rng, scorer, {"first_stage_ratio": vary(rng, 0.5, [0.25, 0.75]), "epsilon": 1e-4})
         P.append(Press(f"criticalkv_{scorer}", "scorer", draw_crit,
                        lambda kp, r, p, s=scorer: kp.CriticalKVPress(_inner(kp, s, r, p), epsilon=p["epsilon"],
                                                                      first_stage_ratio=p["first_stage_ratio"]),
@@ -243,11 +246,8 @@ def make_presses():
                                                               **_inner_kvlab(s, p)})))
     for scorer in ("knorm", "snapkv"):
         def draw_cada(rng, scorer=scorer):
-            p = {"alpha_safeguard": vary(rng, 0.2, [0.1, 0.5]), "first_stage_ratio": vary(rng, 0.5, [0.25, 0.75]),
-                 "epsilon": 1e-4}
-            if scorer == "snapkv":
-                p.update(_snap_params(rng))
-            return p
+            return _with_inner(rng, scorer, {"alpha_safeguard": vary(rng, 0.2, [0.1, 0.5]),
+                                             "first_stage_ratio": vary(rng, 0.5, [0.25, 0.75]), "epsilon": 1e-4})
         P.append(Press(f"criticaladakv_{scorer}", "ada", draw_cada,
                        lambda kp, r, p, s=scorer: kp.CriticalAdaKVPress(
                            press=_inner(kp, s, r, p), alpha_safeguard=p["alpha_safeguard"], epsilon=p["epsilon"],
@@ -280,10 +280,7 @@ def make_presses():
                                          "local": p["use_local_approximation"], "window": p["local_window_size"]})))
     for scorer in ("knorm", "snapkv"):
         def draw_chunkkv(rng, scorer=scorer):
-            p = {"chunk_length": vary(rng, 20, [8, 64])}
-            if scorer == "snapkv":
-                p.update(_snap_params(rng))
-            return p
+            return _with_inner(rng, scorer, {"chunk_length": vary(rng, 20, [8, 64])})
         P.append(Press(f"chunkkv_{scorer}", "fraction", draw_chunkkv,
                        lambda kp, r, p, s=scorer: kp.ChunkKVPress(press=_inner(kp, s, r, p), chunk_length=p["chunk_length"]),
                        lambda p, r, s=scorer: ("chunkkv", {"chunk_length": p["chunk_length"], "fill": False,
@@ -506,7 +503,7 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
                 return sc
 
             inner.score = score_and_keep
-        norms = {}
+        norms, restore_vwl1 = {}, None
         if type(press).__name__ == "CriticalAdaKVPress":
             # Its stage 2 keeps each head's top head-budget of (scores + epsilon) * the values' projected
             # norm; the final cut (across heads) does not see a tie there. Keep the norms to replay it.
@@ -543,7 +540,7 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
             with torch.no_grad():
                 greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
         finally:
-            if norms or type(press).__name__ == "CriticalAdaKVPress":
+            if restore_vwl1:
                 restore_vwl1()
         assert sorted(rec.layers) == list(range(L)), sorted(rec.layers)
         kept = [[list(k) for k in rec.layers[l]["kept"]] for l in range(L)]

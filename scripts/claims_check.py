@@ -297,7 +297,7 @@ def buzz_xsum():
     print()
 
 
-def buzz_xsum_range(path=None):
+def buzz_xsum_range():
     """BUZZ-T2a: Table 2's geometric-mean ROUGE over 10-60% of the cache, BUZZ "above H2O and
     StreamingLLM overall": the mean over the six budgets of BUZZ - baseline. Per article, the mean
     over budgets of the difference of the delta-method linearisations (each budget's own corpus
@@ -309,11 +309,10 @@ def buzz_xsum_range(path=None):
     claim = {b: sum(table2["buzz"]) / 6 - sum(table2[b]) / 6 for b in ("h2o", "streaming_llm")}
     print("== BUZZ Table 2 over 10-60% (XSUM, geo-mean ROUGE, protocol whole, decode rule rerotate; "
           "mean over the six budgets, paired over articles, Holm over 2) ==")
-    path = path or XSUM_RANGE
-    if not results.is_results_dir(path) and not os.path.isdir(os.path.join(path, "pred")):
+    if not results.is_results_dir(XSUM_RANGE):
         print("  not run yet (configs/paper/xsum.json step 3)\n")
         return
-    recs = results.load(path)
+    recs = results.load(XSUM_RANGE)
     kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
     br = {(m, k): by_sample(recs, method=m, setting=f"ratio={k}") for m in table2 for k in kepts}
     keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))

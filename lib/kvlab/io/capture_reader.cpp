@@ -15,7 +15,6 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include "kvlab/core/check.h"
