@@ -291,7 +291,7 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
     std::string note = info.cost.note;
     for (const auto& s : notes) note += "; " + s;
     nlohmann::json setting = halving ? nlohmann::json{{"T", o.T}} : nlohmann::json{{"ratio", o.ratio}};
-    rows.push_back({{"method", m.name},
+    rows.push_back({{"method", m.label()},
                     {"params", m.compressor->params()},
                     {"setting", setting},
                     {"n_tokens", o.tokens},

@@ -259,9 +259,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
           }
           if (o.kept_out)
             kept_lines += nlohmann::json{{"sample", s}, {"sample_id", cap.sample(s).sample_id}, {"layer", l},
-                                         {"method", m.name}, {"params", m.compressor->params()},
+                                         {"method", m.label()}, {"params", m.compressor->params()},
                                          {"setting", b.label()}, {"seed", seed}, {"kv_heads", kept}}.dump() + "\n";
-          progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.name));
+          progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.label()));
         }
     if (o.kept_out) {
       std::ofstream kf(run.file("kept.jsonl"), std::ios::app);  // a unit's lines once it is done

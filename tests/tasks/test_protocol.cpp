@@ -511,3 +511,55 @@ TEST_CASE("several questions about one context share its prefill and equal each 
   CHECK_THROWS_WITH_AS(run(bad, "questions_bad", true), doctest::Contains("is in context group 'c0' but its 240 context tokens differ"),
                        Error);
 }
+
+TEST_CASE("a method at several parameter settings in one run: method@tag is its own branch, scoped by its tag") {
+  const auto ms = build_methods("snapkv,snapkv@w8,buzz@tw15+kivi2", {"snapkv@w8.window=8", "buzz@tw15.window=38"},
+                                json{{"buzz@tw15", {{"threshold", 58}}}}, "paper", "stories260K");
+  REQUIRE(ms.size() == 3);
+  CHECK(ms[0].label() == "snapkv");
+  CHECK(ms[0].compressor->params()["window"] == 32);  // the paper preset's, untouched by the variant's --param
+  CHECK(ms[1].name == "snapkv");
+  CHECK(ms[1].variant == "w8");
+  CHECK(ms[1].label() == "snapkv@w8");
+  CHECK(ms[1].compressor->params()["window"] == 8);
+  CHECK(ms[2].name == "buzz");
+  CHECK(ms[2].label() == "buzz@tw15+kivi2");
+  CHECK(ms[2].compressor->params()["window"] == 38);
+  CHECK(ms[2].compressor->params()["threshold"] == 58);
+  CHECK(ms[2].compressor->params()["stride"] == 5);  // the rest from buzz's paper preset
+  CHECK(task_branch_label(ms[1], Budget::of_ratio(0.5)) == "snapkv@w8_ratio0.5");
+
+  auto fails = [](const std::string& spec, std::vector<std::string> flags, const std::string& what) {
+    INFO(spec);
+    CHECK_THROWS_WITH_AS(build_methods(spec, flags, json::object()), doctest::Contains(what.c_str()), Error);
+  };
+  fails("snapkv@", {}, "a variant tag after '@' is letters, digits, '_' and '-'");
+  fails("snapkv@w.8", {}, "found 'w.8'");
+  fails("snapkv@a@b", {}, "found 'a@b'");
+  fails("exact@x", {}, "the full cache takes no variant");
+  fails("snapkv@w8,snapkv@w8", {}, "'snapkv@w8' is listed more than once");
+  // A variant is scoped by its own name only: "snapkv." does not reach snapkv@w8.
+  fails("snapkv@w8", {"snapkv.window=8"}, "method 'snapkv' is not in --method");
+  fails("snapkv@w8", {"snapkv@w8.window=8", "snapkv@w8.window=16"}, "both set snapkv@w8's 'window'");
+  CHECK_THROWS_WITH_AS(build_methods("snapkv@w8", {}, json{{"snapkv", {{"window", 8}}}}),
+                       doctest::Contains("names method 'snapkv', which is not in --method"), Error);
+}
+
+TEST_CASE("a variant runs as the same method at its parameters: snapkv@w8 equals snapkv with window 8") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  const auto prompt = prompt_ids(300, 2);
+  Prefill pre = run_prefill(model, prompt, 64);
+  BranchOptions bo;
+  bo.max_new_tokens = 8;
+  bo.stop_at_eos = false;
+  const auto run = [&](const MethodSpec& m) {
+    BranchSpec spec{m, Budget::of_ratio(0.25), 0, 0, 0, /*stream=*/false, /*count_whole=*/true};
+    return run_branch(model, pre, spec, bo).ids;
+  };
+  const auto both = build_methods("snapkv@w8,snapkv@w64", {"snapkv@w8.window=8", "snapkv@w64.window=64"}, json::object());
+  const auto ids8 = run(both[0]), ids64 = run(both[1]);
+  CHECK(ids8 == run(one("snapkv", "default", {"window=8"})));
+  CHECK(ids64 == run(one("snapkv", "default", {"window=64"})));
+}

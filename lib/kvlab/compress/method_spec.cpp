@@ -1,6 +1,7 @@
 #include "kvlab/compress/method_spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -70,8 +71,9 @@ nlohmann::json MethodSpec::describe(int64_t run_keep_first, int64_t run_keep_las
 }
 
 std::string MethodSpec::label() const {
-  if (!quant) return name;
-  return name == "exact" ? quant->name() : name + "+" + quant->name();
+  const std::string base = variant.empty() ? name : name + "@" + variant;
+  if (!quant) return base;
+  return name == "exact" ? quant->name() : base + "+" + quant->name();
 }
 
 namespace {
@@ -103,10 +105,22 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
   // holds the methods, which --param and the config's params scope by.
   std::vector<std::string> names;
   std::vector<std::shared_ptr<const KvQuantizer>> quants;
+  std::vector<std::string> methods, variants;  // "buzz@tw15": scope name "buzz@tw15", method buzz, variant tw15
   for (const auto& e : entries) {
     auto [base, q] = split_quantizer(e);
     names.push_back(base);
     quants.push_back(q);
+    const auto at = base.find('@');
+    methods.push_back(base.substr(0, at));
+    variants.push_back(at == std::string::npos ? std::string() : base.substr(at + 1));
+    if (at == std::string::npos) continue;
+    const std::string& tag = variants.back();
+    const bool ok = !tag.empty() && std::all_of(tag.begin(), tag.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    KVLAB_CHECK(ok, "--method: '{}': a variant tag after '@' is letters, digits, '_' and '-' (e.g. snapkv@w100), "
+                "found '{}'", e, tag);
+    KVLAB_CHECK(methods.back() != "exact", "--method: '{}': the full cache takes no variant (it has no parameters)", e);
   }
   KVLAB_CHECK(config_params.is_object(), "'params' in the config must be an object of method -> parameters");
   for (auto it = config_params.begin(); it != config_params.end(); ++it) {
@@ -115,7 +129,8 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
   }
   std::vector<MethodSpec> out;
   for (size_t i = 0; i < names.size(); ++i) {
-    const std::string& name = names[i];
+    const std::string& scope = names[i];  // what --param and the config's params name it by
+    const std::string& name = methods[i];
     KVLAB_CHECK(!name.empty(), "--method: empty method name in '{}'", spec);
     KVLAB_CHECK(std::count(entries.begin(), entries.end(), entries[i]) == 1,
                 "--method: '{}' is listed more than once in '{}'", entries[i], spec);
@@ -123,8 +138,8 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
     nlohmann::json params = pre.params;
     if (pre.keep_first > 0) params["keep_first"] = pre.keep_first;
     if (pre.keep_last > 0) params["keep_last"] = pre.keep_last;
-    if (config_params.contains(name))
-      for (auto it = config_params[name].begin(); it != config_params[name].end(); ++it) params[it.key()] = it.value();
+    if (config_params.contains(scope))
+      for (auto it = config_params[scope].begin(); it != config_params[scope].end(); ++it) params[it.key()] = it.value();
     // issue 50: two --param setting one method's key (snapkv.window=8 and snapkv.window=16, or
     // window=8 and snapkv.window=16) used the last one.
     std::map<std::string, std::string> set_by;  // key -> the --param that set it for this method
@@ -134,18 +149,19 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
       std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
       auto dot = key.find('.');
       if (dot != std::string::npos) {
-        std::string scope = key.substr(0, dot);
-        bool known = std::find(names.begin(), names.end(), scope) != names.end();
-        KVLAB_CHECK(known, "--param {}: method '{}' is not in --method ({})", kv, scope, spec);
-        if (scope != name) continue;
+        const std::string named = key.substr(0, dot);
+        bool known = std::find(names.begin(), names.end(), named) != names.end();
+        KVLAB_CHECK(known, "--param {}: method '{}' is not in --method ({})", kv, named, spec);
+        if (key.substr(0, dot) != scope) continue;
         key = key.substr(dot + 1);
       }
       const auto [first, fresh] = set_by.emplace(key, kv);
-      KVLAB_CHECK(fresh, "--param '{}' and '{}' both set {}'s '{}': give it once", first->second, kv, name, key);
+      KVLAB_CHECK(fresh, "--param '{}' and '{}' both set {}'s '{}': give it once", first->second, kv, scope, key);
       params[key] = value;  // strings; Params parses numbers and booleans with the key's name
     }
     MethodSpec m;
     m.name = name;
+    m.variant = variants[i];
     m.preset = preset;
     nlohmann::json method_params = params;
     for (const char* key : {"keep_first", "keep_last"}) {

@@ -19,6 +19,10 @@ namespace kvlab {
 
 struct MethodSpec {
   std::string name;
+  // One method at several parameter settings in one run: "buzz@tw15" is buzz, its own branch and
+  // label, scoped by --param buzz@tw15.window=38 or the config's params {"buzz@tw15": {...}}.
+  // Empty for a method named alone.
+  std::string variant;
   std::string preset = "default";
   nlohmann::json params = nlohmann::json::object();  // the preset's, overridden by config then flags
   std::shared_ptr<const Compressor> compressor;      // built from name + params
@@ -33,7 +37,7 @@ struct MethodSpec {
 
   int64_t keep_first_or(int64_t run) const { return keep_first >= 0 ? keep_first : run; }
   int64_t keep_last_or(int64_t run) const { return keep_last >= 0 ? keep_last : run; }
-  // What results call it: "snapkv", "snapkv+kivi2", "kivi2" (the full cache quantized).
+  // What results call it: "snapkv", "snapkv@w100", "snapkv+kivi2", "kivi2" (the full cache quantized).
   std::string label() const;
   // The full-precision full cache, every run's reference.
   bool full_cache() const { return name == "exact" && !quant; }
@@ -47,7 +51,8 @@ std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std
                                     const std::vector<int64_t>& halvings, const std::vector<double>& bytes = {});
 
 // `spec`: "a,b" or "all"; an entry may be "method+quantizer" or a quantizer alone
-// (quant/kv_quantizer.h). `flag_params`: "key=value" (every method) or "method.key=value";
+// (quant/kv_quantizer.h), and a method may carry a variant tag, "method@tag" (letters, digits, '_'
+// and '-'; not on exact), to run it at other parameters beside itself. `flag_params`: "key=value" (every method) or "method.key=value";
 // `config_params`: {"method": {"key": value}}. Unknown methods and parameters are errors.
 // `preset` ("default" | "paper") gives each method's starting parameters and exact tokens; `model`
 // (the run's --model) fills "{model}" in a preset's file names. A preset's required file (Chelsea's

@@ -151,7 +151,7 @@ PplResult run_ppl(const Model& model, const std::vector<int64_t>& tokens, const 
   res.full.kv_bytes_peak = exact_bytes;
   for (size_t b = 0; b < branches.size(); ++b) {
     PplRow& r = rows[b];
-    r.method = branches[b].method.name;
+    r.method = branches[b].method.label();
     r.cache_size = branches[b].cache_size;
     r.rerotate = branches[b].rerotate;
     r.compress_every = branches[b].method.name == "exact" ? 0 : branches[b].compress_every;  // the full cache never compresses

@@ -334,7 +334,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       if (bos[j].keep_kept) {
         nlohmann::json k = br.kept;
         k["branch"] = branches[i].label;
-        k["method"] = m.name;
+        k["method"] = m.label();
         k["params"] = m.describe(opt.keep_first, opt.keep_last);
         kept_branches.push_back(std::move(k));
       }
