@@ -81,6 +81,12 @@ BUZZ_TABLE3 = glob.glob(R("buzz_table3", "*", "result.json"))[0]
 MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
 # configs/paper/xsum.json v3 step 3: BUZZ Table 2 over 10-60%, decode rule rerotate (None until run)
 XSUM_RANGE = R("xsum_whole_rerotate_range")
+# v4 step 4: buzz with swapped strides, buzz-interval, buzz-logn, local on the same articles (None until run)
+XSUM_ABLATIONS = R("xsum_whole_rerotate_ablations")
+# configs/paper/buzz_tableA.json v2 step 3: T/w by generation, 200 XSUM articles, one cache of 100 (None until run)
+XSUM_BUZZ_TW = R("xsum_buzz_tw")
+# xsum.json v5 step 5: steps 3-4 on 450 articles, one run (n from their pilot; None until complete)
+XSUM_450 = R("xsum_whole_rerotate_450")
 # configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
 NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
@@ -309,15 +315,14 @@ def buzz_xsum_range():
     claim = {b: sum(table2["buzz"]) / 6 - sum(table2[b]) / 6 for b in ("h2o", "streaming_llm")}
     print("== BUZZ Table 2 over 10-60% (XSUM, geo-mean ROUGE, protocol whole, decode rule rerotate; "
           "mean over the six budgets, paired over articles, Holm over 2) ==")
-    if not results.is_results_dir(XSUM_RANGE):
+    br, ex, source = xsum_range_all()
+    if br is None:
         print("  not run yet (configs/paper/xsum.json step 3)\n")
         return
-    recs = results.load(XSUM_RANGE)
     kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
-    br = {(m, k): by_sample(recs, method=m, setting=f"ratio={k}") for m in table2 for k in kepts}
+    br = {(m, k): v for (m, k), v in br.items() if m in table2}
     keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
-    ex = by_sample(recs, method="exact")
-    print(f"  {len(keys)} articles; full cache geo-mean {geo_mean([ex[k] for k in keys]):.2f}")
+    print(f"  {len(keys)} articles ({source}); full cache geo-mean {geo_mean([ex[k] for k in keys]):.2f}")
     for m in table2:
         print(f"  {m:<14} " + "  ".join(f"{int(k * 100)}%: {geo_mean([br[(m, k)][a] for a in keys]):5.2f}" for k in kepts))
     lin = {mk: dict(zip(keys, geo_linearised([v[a] for a in keys]))) for mk, v in br.items()}
@@ -637,6 +642,113 @@ def balancekv_fig2_prompts():
     print()
 
 
+def xsum_range_branches(run, methods, kepts=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
+    """{(method, kept): {sample: record}} of an XSUM 10-60% run, and its full cache's."""
+    recs = results.load(run)
+    return {(m, k): by_sample(recs, method=m, setting=f"ratio={k}") for m in methods for k in kepts}, \
+        by_sample(recs, method="exact")
+
+
+XSUM_RANGE_METHODS = ("buzz", "h2o", "streaming_llm", "buzz-logn", "local", "buzz-swapped", "buzz-interval")
+
+
+def xsum_range_all():
+    """BUZZ's XSUM runs at 10-60%: {(method, kept): {sample: record}} for XSUM_RANGE_METHODS
+    ("buzz-swapped": buzz with swap_strides), the full cache's records, and where they come from:
+    step 5's 450 articles once that run is complete, else steps 3 and 4 (50 articles, their full
+    caches checked equal); None when neither has run."""
+    if results.is_results_dir(XSUM_450):
+        br, ex = xsum_range_branches(XSUM_450, [m.replace("buzz-swapped", "buzz@swapped") for m in XSUM_RANGE_METHODS])
+        return {(m.replace("buzz@swapped", "buzz-swapped"), k): v for (m, k), v in br.items()}, ex, "step 5"
+    if not (results.is_results_dir(XSUM_RANGE) and results.is_results_dir(XSUM_ABLATIONS)):
+        return None, None, None
+    br, ex = xsum_range_branches(XSUM_RANGE, ("buzz", "h2o", "streaming_llm"))
+    abl, ex2 = xsum_range_branches(XSUM_ABLATIONS, ("buzz", "buzz-interval", "buzz-logn", "local"))
+    for a in ex:
+        if ex[a]["output"] != ex2[a]["output"]:
+            raise SystemExit(f"claims_check: the two XSUM runs' full caches differ on {a}")
+    br.update({("buzz-swapped" if m == "buzz" else m, k): v for (m, k), v in abl.items()})
+    return br, ex, "steps 3-4"
+
+
+def buzz_xsum_ablations():
+    """BUZZ-F5 (Fig. 5: BUZZ and BUZZ-log n above H2O, StreamingLLM and Local at every budget; 99%
+    of the full cache from 40%), BUZZ-F8a (s and s-hat swapped falls below BUZZ, sharply as the
+    budget shrinks) and BUZZ-F8b (no local max: lower at every budget) on the 50 XSUM articles of
+    BUZZ-T2a's run (step 3) and its ablation run (step 4: buzz with swap_strides, buzz-interval,
+    buzz-logn, local; the same full cache). Each contrast is per budget, on the geometric-mean
+    ROUGE (delta-method linearised per article), paired over articles, Holm within each claim."""
+    print("== BUZZ Fig. 5 / 8a / 8b on XSUM at 10-60% (geo-mean ROUGE, protocol whole, decode rule rerotate; "
+          "paired over articles, Holm within each claim) ==")
+    br, ex, source = xsum_range_all()
+    if br is None:
+        print("  not run yet (configs/paper/xsum.json steps 3-4)\n")
+        return
+    kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
+    names = XSUM_RANGE_METHODS
+    print(f"  {len(keys)} articles ({source}); geo-mean ROUGE (full cache {geo_mean([ex[a] for a in keys]):.2f}):")
+    for m in names:
+        print(f"  {m:<14} " + "  ".join(f"{int(k * 100)}%: {geo_mean([br[(m, k)][a] for a in keys]):5.2f}" for k in kepts))
+    lin = {mk: dict(zip(keys, geo_linearised([v[a] for a in keys]))) for mk, v in br.items()}
+    full = dict(zip(keys, geo_linearised([ex[a] for a in keys])))
+
+    def family(row, pairs):
+        fam = with_holm({(a, b, k): paired([lin[(a, k)][x] - lin[(b, k)][x] for x in keys]) for a, b in pairs for k in kepts})
+        verdicts = []
+        for (a, b, k), c in fam.items():
+            show(row, f"{a} - {b} at {int(k * 100)}%", c, sign=+1)
+            verdicts.append(tested_verdict(c, sign=+1))
+        print(f"  {row:<12} {len(verdicts)} comparisons: " + ", ".join(f"{v} {verdicts.count(v)}" for v in sorted(set(verdicts))))
+        return fam
+
+    family("BUZZ-F5", [(a, b) for a in ("buzz", "buzz-logn") for b in ("h2o", "streaming_llm", "local")])
+    # "reaches and even exceeds the 99% accuracy baseline with only about 40%": buzz - 0.99 x full >= 0
+    fam = with_holm({k: paired([lin[("buzz", k)][x] - 0.99 * full[x] for x in keys]) for k in (0.4, 0.5, 0.6)})
+    for k, c in fam.items():
+        show("BUZZ-F5", f"buzz - 0.99 x full at {int(k * 100)}%", c, sign=+1)
+    def over_budgets(row, a, b):
+        show(row, f"{a} - {b}, mean of 10-60%",
+             paired([sum(lin[(a, k)][x] - lin[(b, k)][x] for k in kepts) / len(kepts) for x in keys]), sign=+1)
+
+    over_budgets("BUZZ-F8a", "buzz", "buzz-swapped")
+    family("BUZZ-F8a", [("buzz", "buzz-swapped")])
+    # "drops sharply as the budget decreases": the gap at 10% minus the gap at 60%
+    show("BUZZ-F8a", "(buzz - swapped) at 10% minus at 60%",
+         paired([(lin[("buzz", 0.1)][x] - lin[("buzz-swapped", 0.1)][x]) -
+                 (lin[("buzz", 0.6)][x] - lin[("buzz-swapped", 0.6)][x]) for x in keys]), sign=+1)
+    over_budgets("BUZZ-F8b", "buzz", "buzz-interval")
+    family("BUZZ-F8b", [("buzz", "buzz-interval")])
+    print()
+
+
+def buzz_tw_generation():
+    """BUZZ-F4 by generation: ROUGE-L of BUZZ at one cache size (k + w + T = 100) for T/w from 1.5
+    to 6.5 on XSUM articles, paired over articles. The claim (Table A, CNN/DailyMail, Llama-2-7B,
+    cache 200): ROUGE-L 24.52 at T/w = 4.5 against 23.04 at 1.5 (+1.48), the best of the six, near
+    Theorem 3.1's 4.33. Holm over the two contrasts with 1.5 (4.5 and 4.33)."""
+    print("== BUZZ Fig. 4 / Table A by generation (XSUM, cache 100 per KV head, T/w 1.5-6.5; ROUGE-L x 100) ==")
+    if not results.is_results_dir(XSUM_BUZZ_TW):
+        print("  not run yet (configs/paper/buzz_tableA.json step 3)\n")
+        return
+    recs = results.load(XSUM_BUZZ_TW)
+    tags = ("tw1_5", "tw2_5", "tw3_5", "tw4_33", "tw4_5", "tw5_5", "tw6_5")
+    br = {t: by_sample(recs, method=f"buzz@{t}") for t in tags}
+    keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
+    ex = by_sample(recs, method="exact")
+    print(f"  {len(keys)} articles; full cache ROUGE-L {mean(100 * ex[a]['rougeL'] for a in keys):.2f}")
+    for t in tags:
+        rs = [br[t][a] for a in keys]
+        print(f"  T/w {t[2:].replace('_', '.'):<5} ROUGE-L {mean(100 * r['rougeL'] for r in rs):6.2f}  "
+              f"geo-mean {geo_mean(rs):5.2f}  entries mean {mean(r['entries_mean'] for r in rs):6.1f}  "
+              f"peak {mean(r['entries_peak'] for r in rs):6.1f}")
+    fam = with_holm({t: paired([100 * (br[t][a]["rougeL"] - br["tw1_5"][a]["rougeL"]) for a in keys])
+                     for t in ("tw4_5", "tw4_33")})
+    show("BUZZ-F4", "ROUGE-L(T/w 4.5) - ROUGE-L(1.5)", fam["tw4_5"], claim=24.5161 - 23.0359)
+    show("BUZZ-F4", "ROUGE-L(T/w 4.33) - ROUGE-L(1.5)", fam["tw4_33"], sign=+1)
+    print()
+
+
 def buzz_tablea():
     """Fig. 4 / Table A in replay: per prompt, rel_err at T/w minus rel_err at 1.5 (mean over layers
     and heads); > 0 = larger error than at 1.5 (the paper: ROUGE best at 4.5). Unequal memory."""
@@ -722,6 +834,8 @@ def main():
     gate_block()
     buzz_xsum()
     buzz_xsum_range()
+    buzz_xsum_ablations()
+    buzz_tw_generation()
     lb = results.load(LONGBENCH_WHOLE)
     balancekv_longbench(lb)
     chelsea_longbench(lb)
