@@ -87,6 +87,8 @@ XSUM_ABLATIONS = R("xsum_whole_rerotate_ablations")
 XSUM_BUZZ_TW = R("xsum_buzz_tw")
 # xsum.json v5 step 5: steps 3-4 on 450 articles, one run (n from their pilot; None until complete)
 XSUM_450 = R("xsum_whole_rerotate_450")
+# scripts/self_bleu.py over steps 3-4 (BUZZ Fig. 7; None until made)
+XSUM_SELF_BLEU = R("xsum_self_bleu")
 # configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
 NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
@@ -722,6 +724,41 @@ def buzz_xsum_ablations():
     print()
 
 
+def buzz_self_bleu():
+    """BUZZ-F7: Self-BLEU (each summary's BLEU-4 against the branch's other summaries; higher = less
+    diverse) at 10-60%. The claims: "in contrast to StreamingLLM, BUZZ demonstrates lower scores when
+    the KV cache budget is below 30%" (BUZZ - StreamingLLM < 0 at 10% and 20%, Holm over 2) and "BUZZ
+    with log n has less diversified language compared with vanilla BUZZ" (BUZZ-log n - BUZZ > 0,
+    mean over the budgets). "Akin to H2O" is an equivalence, not tested: printed. Per-article
+    values share references, so the paired intervals are approximate."""
+    print("== BUZZ Fig. 7: Self-BLEU-4 x 100 of the XSUM summaries at 10-60% (steps 3-4, 50 articles) ==")
+    if not results.is_results_dir(XSUM_SELF_BLEU):
+        print("  not made yet (scripts/self_bleu.py)\n")
+        return
+    recs = results.load(XSUM_SELF_BLEU)
+    kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+
+    def name(r):
+        return "buzz-swapped" if r["method"] == "buzz" and (r.get("params") or {}).get("swap_strides") else r["method"]
+    sb = defaultdict(dict)  # (name, kept or None) -> {sample: self_bleu x 100}
+    for r in recs:
+        sb[(name(r), r.get("kept") if r["method"] != "exact" else None)][r["sample"]] = 100 * r["self_bleu"]
+    full = sb[("exact", None)]
+    print(f"  full cache {mean(full.values()):.2f}")
+    for m in ("buzz", "buzz-logn", "h2o", "streaming_llm", "local"):
+        print(f"  {m:<14} " + "  ".join(f"{int(k * 100)}%: {mean(sb[(m, k)].values()):5.2f}" for k in kepts))
+    keys = sorted(full)
+    fam = with_holm({k: paired([sb[("buzz", k)][a] - sb[("streaming_llm", k)][a] for a in keys]) for k in (0.1, 0.2)})
+    for k, c in fam.items():
+        show("BUZZ-F7", f"buzz - streaming_llm at {int(k * 100)}% (Self-BLEU)", c, sign=-1)
+    show("BUZZ-F7", "buzz-logn - buzz, mean of 10-60% (Self-BLEU)",
+         paired([sum(sb[("buzz-logn", k)][a] - sb[("buzz", k)][a] for k in kepts) / len(kepts) for a in keys]), sign=+1)
+    print("  BUZZ-F7      |Self-BLEU - full's| per budget: " + "; ".join(
+        f"{int(k * 100)}% " + ", ".join(f"{m} {abs(mean(sb[(m, k)].values()) - mean(full.values())):.2f}"
+                                        for m in ("buzz", "h2o", "streaming_llm")) for k in kepts))
+    print()
+
+
 def buzz_tw_generation():
     """BUZZ-F4 by generation: ROUGE-L of BUZZ at one cache size (k + w + T = 100) for T/w from 1.5
     to 6.5 on XSUM articles, paired over articles. The claim (Table A, CNN/DailyMail, Llama-2-7B,
@@ -836,6 +873,7 @@ def main():
     buzz_xsum_range()
     buzz_xsum_ablations()
     buzz_tw_generation()
+    buzz_self_bleu()
     lb = results.load(LONGBENCH_WHOLE)
     balancekv_longbench(lb)
     chelsea_longbench(lb)
