@@ -69,7 +69,7 @@ def main():
             rec["self_bleu"] = sb
             rec["n_references"] = len(recs) - 1
             out.append(rec)
-    run = {"made_by": "scripts/self_bleu.py", "sources": a.folders,
+    run = {"format": 1, "converted_from": [os.path.normpath(f) for f in a.folders], "made_by": "scripts/self_bleu.py",
            "definition": "BLEU-4 of each output against the branch's other outputs (nltk sentence_bleu, "
                          "SmoothingFunction().method1, TreebankWordTokenizer)"}
     results.write_results(a.out, out, run=run)
