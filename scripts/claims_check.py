@@ -83,6 +83,7 @@ MAIN_REPLAY = R("main", "20261122-232809_1c6bfaa", "result.json")
 XSUM_RANGE = R("xsum_whole_rerotate_range")
 # v4 step 4: buzz with swapped strides, buzz-interval, buzz-logn, local on the same articles (None until run)
 XSUM_ABLATIONS = R("xsum_whole_rerotate_ablations")
+XSUM_KEPTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # the kept fractions of steps 3-5 (BUZZ Table 2's budgets)
 # configs/paper/buzz_tableA.json v2 step 3: T/w by generation, 200 XSUM articles, one cache of 100 (None until run)
 XSUM_BUZZ_TW = R("xsum_buzz_tw")
 # xsum.json v5 step 5: steps 3-4 on 450 articles, one run (n from their pilot; None until complete)
@@ -321,9 +322,9 @@ def buzz_xsum_range():
     if br is None:
         print("  not run yet (configs/paper/xsum.json step 3)\n")
         return
-    kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    kepts = XSUM_KEPTS
     br = {(m, k): v for (m, k), v in br.items() if m in table2}
-    keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
+    keys = common_samples(br)
     print(f"  {len(keys)} articles ({source}); full cache geo-mean {geo_mean([ex[k] for k in keys]):.2f}")
     for m in table2:
         print(f"  {m:<14} " + "  ".join(f"{int(k * 100)}%: {geo_mean([br[(m, k)][a] for a in keys]):5.2f}" for k in kepts))
@@ -644,7 +645,7 @@ def balancekv_fig2_prompts():
     print()
 
 
-def xsum_range_branches(run, methods, kepts=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
+def xsum_range_branches(run, methods, kepts=XSUM_KEPTS):
     """{(method, kept): {sample: record}} of an XSUM 10-60% run, and its full cache's."""
     recs = results.load(run)
     return {(m, k): by_sample(recs, method=m, setting=f"ratio={k}") for m in methods for k in kepts}, \
@@ -652,6 +653,11 @@ def xsum_range_branches(run, methods, kepts=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
 
 
 XSUM_RANGE_METHODS = ("buzz", "h2o", "streaming_llm", "buzz-logn", "local", "buzz-swapped", "buzz-interval")
+
+
+def common_samples(br):
+    """The samples every branch of {branch: {sample: record}} holds, in sample order."""
+    return sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
 
 
 def xsum_range_all():
@@ -676,9 +682,9 @@ def xsum_range_all():
 def buzz_xsum_ablations():
     """BUZZ-F5 (Fig. 5: BUZZ and BUZZ-log n above H2O, StreamingLLM and Local at every budget; 99%
     of the full cache from 40%), BUZZ-F8a (s and s-hat swapped falls below BUZZ, sharply as the
-    budget shrinks) and BUZZ-F8b (no local max: lower at every budget) on the 50 XSUM articles of
-    BUZZ-T2a's run (step 3) and its ablation run (step 4: buzz with swap_strides, buzz-interval,
-    buzz-logn, local; the same full cache). Each contrast is per budget, on the geometric-mean
+    budget shrinks) and BUZZ-F8b (no local max: lower at every budget) on the XSUM articles of
+    xsum_range_all (step 5's 450 once complete, else steps 3-4's 50: buzz, h2o, streaming_llm;
+    buzz with swap_strides, buzz-interval, buzz-logn, local). Each contrast is per budget, on the geometric-mean
     ROUGE (delta-method linearised per article), paired over articles, Holm within each claim."""
     print("== BUZZ Fig. 5 / 8a / 8b on XSUM at 10-60% (geo-mean ROUGE, protocol whole, decode rule rerotate; "
           "paired over articles, Holm within each claim) ==")
@@ -686,8 +692,8 @@ def buzz_xsum_ablations():
     if br is None:
         print("  not run yet (configs/paper/xsum.json steps 3-4)\n")
         return
-    kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
-    keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
+    kepts = XSUM_KEPTS
+    keys = common_samples(br)
     names = XSUM_RANGE_METHODS
     print(f"  {len(keys)} articles ({source}); geo-mean ROUGE (full cache {geo_mean([ex[a] for a in keys]):.2f}):")
     for m in names:
@@ -736,7 +742,7 @@ def buzz_self_bleu():
         print("  not made yet (scripts/self_bleu.py)\n")
         return
     recs = results.load(XSUM_SELF_BLEU)
-    kepts = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    kepts = XSUM_KEPTS
 
     def name(r):
         return "buzz-swapped" if r["method"] == "buzz" and (r.get("params") or {}).get("swap_strides") else r["method"]
@@ -771,7 +777,7 @@ def buzz_tw_generation():
     recs = results.load(XSUM_BUZZ_TW)
     tags = ("tw1_5", "tw2_5", "tw3_5", "tw4_33", "tw4_5", "tw5_5", "tw6_5")
     br = {t: by_sample(recs, method=f"buzz@{t}") for t in tags}
-    keys = sorted(set.intersection(*(set(v) for v in br.values())), key=lambda x: (len(x), x))
+    keys = common_samples(br)
     ex = by_sample(recs, method="exact")
     print(f"  {len(keys)} articles; full cache ROUGE-L {mean(100 * ex[a]['rougeL'] for a in keys):.2f}")
     for t in tags:
