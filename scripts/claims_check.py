@@ -88,6 +88,8 @@ XSUM_KEPTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # the kept fractions of steps 3-5 (
 XSUM_BUZZ_TW = R("xsum_buzz_tw")
 # xsum.json v5 step 5: steps 3-4 on 450 articles, one run (n from their pilot; None until complete)
 XSUM_450 = R("xsum_whole_rerotate_450")
+# scripts/key_similarity.py on 10 WikiText-2 windows (Chelsea Figs. 2-3; None until made)
+KEY_SIMILARITY = R("chelsea_key_similarity", "curve.csv.gz")
 # scripts/self_bleu.py over steps 3-4 (BUZZ Fig. 7; None until made)
 XSUM_SELF_BLEU = R("xsum_self_bleu")
 # configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
@@ -792,6 +794,64 @@ def buzz_tw_generation():
     print()
 
 
+def spearman(xs, ys):
+    """Spearman's rank correlation (no ties expected: distances and real-valued similarities)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = mean(rx), mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return sxy / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+def chelsea_key_similarity():
+    """CHL-F2 / CHL-F3 (Chelsea §4, Observations 1-2): cosine similarity of key states against token
+    distance, WikiText-2 windows of about 3.6k tokens, every layer and KV head. F3 (averaged over
+    layers and heads, as the paper's figure): similarity falls with distance (s(1) - s(256) > 0, and
+    Spearman's rho of s against d below 0) and convexly (the chord above the curve: (s(1) + s(256))/2
+    - s(128) > 0); per sample, paired t over the 10 windows, Holm over the three. F2 (high,
+    localized similarity in every layer and head): per (layer, KV head), the mean similarity at
+    distances 1-4 minus at 224-256, Holm over all of them."""
+    print("== Chelsea Figs. 2-3: key cosine similarity against token distance (WikiText-2, SmolLM2) ==")
+    if not os.path.exists(KEY_SIMILARITY):
+        print("  not made yet (scripts/key_similarity.py)\n")
+        return
+    cells = defaultdict(dict)  # (sample, layer, head) -> {distance: cos}
+    with gzip.open(KEY_SIMILARITY, "rt") as f:
+        for r in csv.DictReader(f):
+            cells[(int(r["sample"]), int(r["layer"]), int(r["kv_head"]))][int(r["distance"])] = float(r["cos_sim"])
+    samples = sorted({k[0] for k in cells})
+    heads = sorted({k[1:] for k in cells})
+    dists = sorted(next(iter(cells.values())))
+    per_sample = {s: {d: mean(cells[(s,) + lh][d] for lh in heads) for d in dists} for s in samples}
+    print(f"  {len(samples)} windows, {len(heads)} (layer, KV head) pairs; mean over them: " +
+          ", ".join(f"d={d}: {mean(per_sample[s][d] for s in samples):.3f}" for d in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
+    fam = with_holm({
+        "s(1) - s(256)": paired([per_sample[s][1] - per_sample[s][256] for s in samples]),
+        "-rho(distance, similarity)": paired([-spearman(dists, [per_sample[s][d] for d in dists]) for s in samples]),
+        "(s(1) + s(256))/2 - s(128)": paired([(per_sample[s][1] + per_sample[s][256]) / 2 - per_sample[s][128]
+                                             for s in samples]),
+    })
+    for name, c in fam.items():
+        show("CHL-F3", name, c, sign=+1, nd=3)
+    near, far = [d for d in dists if d <= 4], [d for d in dists if d >= 224]
+    fam2 = with_holm({lh: paired([mean(cells[(s,) + lh][d] for d in near) - mean(cells[(s,) + lh][d] for d in far)
+                                  for s in samples]) for lh in heads})
+    verdicts = [tested_verdict(c, sign=+1) for c in fam2.values()]
+    low = min(fam2, key=lambda lh: fam2[lh]["mean"])
+    print(f"  CHL-F2       near (d 1-4) - far (d 224-256) per (layer, KV head), Holm over {len(heads)}: " +
+          ", ".join(f"{v} {verdicts.count(v)}" for v in sorted(set(verdicts))) +
+          f"; smallest at layer {low[0]} head {low[1]}: {fmt(fam2[low], 3)}")
+    print(f"  CHL-F2       similarity at d = 1 by (layer, KV head): min "
+          f"{min(mean(cells[(s,) + lh][1] for s in samples) for lh in heads):.3f}, max "
+          f"{max(mean(cells[(s,) + lh][1] for s in samples) for lh in heads):.3f}")
+    print()
+
+
 def buzz_tablea():
     """Fig. 4 / Table A in replay: per prompt, rel_err at T/w minus rel_err at 1.5 (mean over layers
     and heads); > 0 = larger error than at 1.5 (the paper: ROUGE best at 4.5). Unequal memory."""
@@ -886,6 +946,7 @@ def main():
     clustergen_longbench(lb)
     chelsea_niah()
     chelsea_niah_qwen()
+    chelsea_key_similarity()
     chelsea_ruler()
     balancekv_ruler()
     longeval_accuracy()
