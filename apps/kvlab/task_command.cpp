@@ -35,6 +35,8 @@ void TaskCommonOptions::fields(FieldList& f) {
         "contiguous positions after compression and, for streaming methods, after every token) | compress[:N] (every "
         "method compresses what it holds again every N decoded tokens, default 512, to its budget on the tokens seen: "
         "kvpress's decoding presses; equal memory at every step)");
+  f.add("ratio_of", ratio_of, "prompt (a --ratio R keeps R x the prompt's tokens) | prompt+answer (R x the prompt's "
+        "and the record's new tokens, held from the prefill on: Chelsea's B = R(n + new tokens); --protocol whole)");
   f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
         "<run>/kept/<dataset>/<record>.json");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
@@ -55,7 +57,10 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
   TaskPlan plan;
   std::tie(plan.shard_i, plan.shard_n) = parse_shard(o.shard);
-  plan.protocol = parse_task_protocol(o.protocol, o.decode_rule);
+  plan.protocol = parse_task_protocol(o.protocol, o.decode_rule, o.ratio_of);
+  KVLAB_CHECK(!plan.protocol.ratio_of_answer || (o.budget.empty() && o.T.empty() && o.bytes.empty()),
+              "--ratio-of prompt+answer sets what a --ratio is of; it does not apply to {}",
+              !o.budget.empty() ? "--budget" : !o.T.empty() ? "--T" : "--bytes");
   KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
               o.keep_first, o.keep_last);
   std::string names = o.method;

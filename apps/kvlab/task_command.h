@@ -34,6 +34,7 @@ struct TaskCommonOptions : RunFolderOptions {
   std::string preset = "paper";        // every method as its paper ran it (compress/preset.h)
   std::string protocol = "whole";      // tasks/protocol.h
   std::string decode_rule = "prefill";
+  std::string ratio_of = "prompt";     // prompt | prompt+answer (tasks/protocol.h)
   bool kept_out = false;               // write <run>/kept/<dataset>/<record>.json
   int64_t obs_queries = 256;
   int64_t keep_first = 0;

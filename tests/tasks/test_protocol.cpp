@@ -563,3 +563,54 @@ TEST_CASE("a variant runs as the same method at its parameters: snapkv@w8 equals
   CHECK(ids8 == run(one("snapkv", "default", {"window=8"})));
   CHECK(ids64 == run(one("snapkv", "default", {"window=64"})));
 }
+
+TEST_CASE("--ratio-of prompt+answer: a ratio R holds round(R(n + new tokens)) entries from the prefill on (Chelsea's B)") {
+  CHECK(ratio_of_answer_entries(0.25, 300, 20) == 80);
+  CHECK(ratio_of_answer_entries(0.2, 2000, 512) == 502);
+  CHECK(ratio_of_answer_entries(1e-6, 10, 0) == 1);
+  CHECK_THROWS_WITH_AS(parse_task_protocol("context", "prefill", "prompt+answer"),
+                       doctest::Contains("--ratio-of prompt+answer needs --protocol whole"), Error);
+  CHECK_THROWS_WITH_AS(parse_task_protocol("whole", "prefill", "answer"),
+                       doctest::Contains("--ratio-of: expected prompt or prompt+answer, got 'answer'"), Error);
+  // The default leaves the protocol object (which keys every prediction) as it was before the flag.
+  CHECK(!parse_task_protocol("whole", "stream").to_json().contains("ratio_of"));
+  CHECK(parse_task_protocol("whole", "stream", "prompt+answer").to_json()["ratio_of"] == "prompt+answer");
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  TaskRecord rec;
+  rec.id = "r0";
+  rec.prompt = prompt_ids(300, 7);
+  rec.context_len = 300;
+  rec.max_new_tokens = 20;
+  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  const Budget r = Budget::of_ratio(0.25);
+  std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
+                                      {"snapkv", one("snapkv", "paper"), r},
+                                      {"streaming_llm", one("streaming_llm", "paper"), r}};
+  auto run = [&](const std::string& ratio_of, const std::string& name) {
+    TaskOptions to;
+    to.pred_dir = test::temp_dir(name) + "/pred";
+    to.obs_queries = 64;
+    to.protocol = parse_task_protocol("whole", "stream", ratio_of);
+    run_task(model, tok, task, {rec}, branches, to);
+    std::map<std::string, json> lines;
+    for (const char* b : {"snapkv", "streaming_llm"}) lines[b] = read_json_lines(to.pred_dir + "/" + b + "/synthetic.jsonl").at(0);
+    return lines;
+  };
+  auto of_prompt = run("prompt", "ratio_of_prompt"), of_answer = run("prompt+answer", "ratio_of_answer");
+  for (const char* b : {"snapkv", "streaming_llm"}) {
+    INFO(b);
+    CHECK(of_prompt[b]["entries_start"].get<double>() == doctest::Approx(75.0));  // 0.25 x 300
+    CHECK(of_answer[b]["entries_start"].get<double>() == doctest::Approx(80.0));  // 0.25 x (300 + 20)
+    CHECK(of_answer[b]["ratio_of"] == "prompt+answer");
+    CHECK(!of_prompt[b].contains("ratio_of"));
+    CHECK(of_answer[b]["input_key"] != of_prompt[b]["input_key"]);
+  }
+  // Streaming: R x the tokens seen grows while decoding; B = R(n + G) is held from the start, so the
+  // cache never passes 80 entries (and a token being decoded).
+  CHECK(of_answer["streaming_llm"]["entries_peak"].get<double>() <= 81.0);
+  // Prefill-only: compressed once to B, then the decoded tokens appended.
+  CHECK(of_answer["snapkv"]["entries_peak"].get<double>() > 80.0);
+}

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "kvlab/core/check.h"
@@ -29,17 +31,27 @@ const char* decode_text(TaskProtocol::Decode d) {
 }  // namespace
 
 nlohmann::json TaskProtocol::to_json() const {
-  return {{"protocol", question_name()},
-          {"decode_rule", decode_name()},
-          {"decode_rule_text", decode_text(decode)},
-          {"memory", kMemory}};
+  nlohmann::json j = {{"protocol", question_name()},
+                      {"decode_rule", decode_name()},
+                      {"decode_rule_text", decode_text(decode)},
+                      {"memory", kMemory}};
+  // Only when set: a run's predictions are keyed by this object, and runs made before --ratio-of
+  // existed must resume as they were.
+  if (ratio_of_answer) j["ratio_of"] = "prompt+answer";
+  return j;
 }
 
 std::string TaskProtocol::line() const {
   return fmt::format("protocol {} (question {}); decode rule {} ({}); memory {}", question_name(),
                      question == Question::whole ? "prefilled with the context, then compressed"
                                                  : "fed through the compressed context",
-                     decode_name(), decode_text(decode), kMemory);
+                     decode_name(), decode_text(decode), kMemory) +
+         (ratio_of_answer ? "; a ratio R of the prompt and its new tokens: B = R(n + new tokens) entries from the "
+                            "prefill on (Chelsea's budget)" : "");
+}
+
+int64_t ratio_of_answer_entries(double ratio, int64_t n, int64_t new_tokens) {
+  return std::max<int64_t>(1, std::llround(ratio * static_cast<double>(n + new_tokens)));
 }
 
 std::string TaskProtocol::decode_name() const {
@@ -52,8 +64,15 @@ std::string TaskProtocol::decode_name() const {
   return "";
 }
 
-TaskProtocol parse_task_protocol(const std::string& protocol, const std::string& decode_rule) {
+TaskProtocol parse_task_protocol(const std::string& protocol, const std::string& decode_rule,
+                                 const std::string& ratio_of) {
   TaskProtocol p;
+  KVLAB_CHECK(ratio_of == "prompt" || ratio_of == "prompt+answer",
+              "--ratio-of: expected prompt or prompt+answer, got '{}'", ratio_of);
+  p.ratio_of_answer = ratio_of == "prompt+answer";
+  KVLAB_CHECK(!p.ratio_of_answer || protocol == "whole",
+              "--ratio-of prompt+answer needs --protocol whole (the budget counts the prompt the cache holds "
+              "whole), got --protocol {}", protocol);
   KVLAB_CHECK(protocol == "whole" || protocol == "context", "--protocol: expected whole or context, got '{}'",
               protocol);
   p.question = protocol == "whole" ? TaskProtocol::Question::whole : TaskProtocol::Question::context;

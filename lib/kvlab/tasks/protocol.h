@@ -41,6 +41,11 @@ struct TaskProtocol {
   Question question = Question::whole;
   Decode decode = Decode::prefill;
   int64_t every = 0;  // Decode::compress: decoded tokens between compressions ("compress:N"; 512)
+  // --ratio-of prompt+answer: a ratio R holds B = round(R * (n + G)) entries per (layer, KV head), n
+  // the prompt's tokens and G the record's new tokens (Chelsea §7's budget B = R(n + G)), fixed from
+  // the prefill on: prefill-only methods keep min(B, n) and append, streaming methods hold B as a
+  // cache of B entries. false (--ratio-of prompt): R of the prompt, R * n.
+  bool ratio_of_answer = false;
 
   std::string question_name() const { return question == Question::whole ? "whole" : "context"; }
   // "prefill", "stream", "rerotate" or "compress:N".
@@ -55,7 +60,12 @@ struct TaskProtocol {
   std::string line() const;
 };
 
-// From the flags; errors name --protocol / --decode-rule and list the choices.
-TaskProtocol parse_task_protocol(const std::string& protocol, const std::string& decode_rule);
+// From the flags; errors name --protocol / --decode-rule / --ratio-of and list the choices.
+TaskProtocol parse_task_protocol(const std::string& protocol, const std::string& decode_rule,
+                                 const std::string& ratio_of = "prompt");
+
+// The entries a --ratio R branch holds under --ratio-of prompt+answer for a prompt of n tokens and
+// up to `new_tokens` generated ones: round(R * (n + new_tokens)), at least 1.
+int64_t ratio_of_answer_entries(double ratio, int64_t n, int64_t new_tokens);
 
 }  // namespace kvlab

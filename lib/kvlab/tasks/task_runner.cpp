@@ -315,7 +315,10 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
         };
       const MethodSpec& m = branches[i].method;
       todo.push_back(i);
-      specs.push_back({m, branches[i].budget, opt.seed, m.keep_first_or(opt.keep_first), m.keep_last_or(opt.keep_last),
+      Budget budget = branches[i].budget;
+      if (opt.protocol.ratio_of_answer && budget.kind == Budget::Kind::ratio && !m.full_cache())
+        budget = Budget::of_entries(ratio_of_answer_entries(budget.ratio, int64_t(r.prompt.size()), r.max_new_tokens));
+      specs.push_back({m, budget, opt.seed, m.keep_first_or(opt.keep_first), m.keep_last_or(opt.keep_last),
                        opt.protocol.streams(), /*count_whole=*/true,
                        opt.protocol.decode == TaskProtocol::Decode::rerotate, DecodingRule{opt.protocol.every}});
       bos.push_back(std::move(bo));
@@ -344,6 +347,7 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                              {"generated_tokens", br.ids.size()},
                              {"input_key", prediction_key(r, branches[i], opt)},
                              {"model_key", model_k}};
+      if (opt.protocol.ratio_of_answer) line["ratio_of"] = "prompt+answer";
       const nlohmann::json s = task.score(out, r.gold);
       for (auto it = s.begin(); it != s.end(); ++it) line[it.key()] = it.value();
       line["context_len"] = r.context_len;  // prompt[0, context_len) is the context (--protocol context)
@@ -387,7 +391,10 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
   for (const auto& r : records) ids.push_back(r.id);
   nlohmann::json rows = nlohmann::json::array();
   for (size_t i = 0; i < branches.size(); ++i) rows.push_back(task_summary_row(branches[i], task, ids, done[i]));
-  for (auto& row : rows) row["protocol"] = opt.protocol.question_name(), row["decode_rule"] = opt.protocol.decode_name();
+  for (auto& row : rows) {
+    row["protocol"] = opt.protocol.question_name(), row["decode_rule"] = opt.protocol.decode_name();
+    if (opt.protocol.ratio_of_answer) row["ratio_of"] = "prompt+answer";
+  }
   mark_unequal_memory(rows);
   return rows;
 }
