@@ -63,7 +63,7 @@ def main():
     keep = set(results.IDENTITY) - {"shard"}
     out = []
     for key in sorted(branches):
-        recs = [branches[key][s] for s in sorted(branches[key], key=results._sample_key)]
+        recs = [branches[key][s] for s in sorted(branches[key], key=results.sample_key)]
         for r, sb in zip(recs, self_bleu([r["output"] for r in recs])):
             rec = {k: r.get(k) for k in results.IDENTITY if k in keep}
             rec["self_bleu"] = sb

@@ -241,10 +241,11 @@ def write_atomic(path, data):
 def sort_key(rec):
     kept = rec.get("kept")
     return (rec["benchmark"], rec["task"], rec.get("length") or 0, rec["method"], -(kept if kept is not None else 2),
-            rec.get("setting", ""), _sample_key(rec["sample"]))
+            rec.get("setting", ""), sample_key(rec["sample"]))
 
 
-def _sample_key(s):
+def sample_key(s):
+    """A sample id's sort key: numbers in numeric order, before the other ids."""
     return (0, int(s), "") if s.isdigit() else (1, 0, s)
 
 

@@ -62,6 +62,11 @@ std::map<int64_t, double> kept_map(const json& head) {
   return out;
 }
 
+// A task whose records all score 0: the runs below look at outputs, entries and keys, not scores.
+TaskSpec unscored_task() {
+  return {"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+}
+
 MethodSpec one(const std::string& name, const std::string& preset = "default", std::vector<std::string> flags = {}) {
   return build_methods(name, flags, json::object(), preset, "stories260K").at(0);
 }
@@ -301,7 +306,7 @@ TEST_CASE("--protocol context: the question goes through the compressed cache; e
   rec.prompt = prompt;
   rec.context_len = n_ctx;
   rec.max_new_tokens = 6;
-  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  const TaskSpec task = unscored_task();
   const MethodSpec exact = one("exact"), snap = one("snapkv", "paper");
   const Budget budget = Budget::of_entries(16);
   std::vector<TaskBranch> branches = {{"exact", exact, Budget::of_ratio(1.0)}, {"snapkv", snap, budget}};
@@ -396,7 +401,7 @@ TEST_CASE("--protocol context with --decode-rule stream: a streaming cache takes
   rec.prompt = prompt_ids(200, 7);
   rec.context_len = 180;  // a 20-token question
   rec.max_new_tokens = 4;
-  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  const TaskSpec task = unscored_task();
   std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
                                       {"cam", one("cam", "paper"), Budget::of_entries(16)},
                                       {"h2o", one("h2o", "paper"), Budget::of_entries(16)}};
@@ -584,7 +589,7 @@ TEST_CASE("--ratio-of prompt+answer: a ratio R holds round(R(n + new tokens)) en
   rec.prompt = prompt_ids(300, 7);
   rec.context_len = 300;
   rec.max_new_tokens = 20;
-  TaskSpec task{"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
+  const TaskSpec task = unscored_task();
   const Budget r = Budget::of_ratio(0.25);
   std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
                                       {"snapkv", one("snapkv", "paper"), r},

@@ -152,7 +152,7 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
         const std::string named = key.substr(0, dot);
         bool known = std::find(names.begin(), names.end(), named) != names.end();
         KVLAB_CHECK(known, "--param {}: method '{}' is not in --method ({})", kv, named, spec);
-        if (key.substr(0, dot) != scope) continue;
+        if (named != scope) continue;
         key = key.substr(dot + 1);
       }
       const auto [first, fresh] = set_by.emplace(key, kv);
