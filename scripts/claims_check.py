@@ -94,6 +94,8 @@ KEY_SIMILARITY = R("chelsea_key_similarity", "curve.csv.gz")
 XSUM_SELF_BLEU = R("xsum_self_bleu")
 # configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
 NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
+# configs/qwen/longbench.json v2 step 2: BalanceKV Table 1 at 0.25 with Uniform (None until run)
+LONGBENCH_QWEN_BKV = R("longbench_qwen05_balancekv_t1")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
 LONGEVAL_QWEN = [(200, 0.643, R("longeval_qwen15_paper_200")), (300, 0.577, R("longeval_qwen15_paper_300")),
                  (400, 0.49, R("longeval_qwen15_paper_400"))]
@@ -354,10 +356,14 @@ def longbench_family(recs, method, bases, datasets, scale=100.0):
 LB3 = ["multi_news", "multifieldqa_zh", "passage_retrieval_zh"]
 
 
-def balancekv_longbench(recs):
-    print("== BalanceKV Table 1 on kvlab's LongBench subset (protocol whole, ratio 0.2, paper presets) ==")
+def balancekv_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, paper presets"):
+    """BalanceKV Table 1; Uniform joins the families when the run has it (the Qwen run, ratio 0.25)."""
+    print(f"== BalanceKV Table 1 on kvlab's LongBench subset ({title}) ==")
     claims_avg = {"snapkv": 44.99 - 44.57, "pyramidkv": 44.99 - 44.03, "streaming_llm": 44.99 - 42.51}
     claims_sum = {"snapkv": 23.82 - 19.07, "pyramidkv": 23.82 - 18.91, "streaming_llm": 23.82 - 20.70}
+    if any(r["method"] == "uniform" for r in recs):
+        claims_avg["uniform"] = 44.99 - 44.82
+        claims_sum["uniform"] = 23.82 - 24.31
     fam = longbench_family(recs, "balancekv", list(claims_avg), LB3)
     for base, c in fam.items():
         show("BKV-T1a", f"balancekv - {base} (avg of 3 datasets)", c, claim=claims_avg[base])
@@ -942,6 +948,9 @@ def main():
     buzz_self_bleu()
     lb = results.load(LONGBENCH_WHOLE)
     balancekv_longbench(lb)
+    if os.path.exists(os.path.join(LONGBENCH_QWEN_BKV, "predictions.jsonl.gz")):
+        balancekv_longbench(results.load(LONGBENCH_QWEN_BKV),
+                            "Qwen2.5-Coder-0.5B, protocol whole, ratio 0.25 as the paper, paper presets")
     chelsea_longbench(lb)
     clustergen_longbench(lb)
     chelsea_niah()

@@ -166,7 +166,7 @@ void run_merge(const MergeOptions& o, const nlohmann::json& effective) {
     config.erase("shard");
     config.erase("out");
     if (base_config.is_null()) base_config = config;
-    KVLAB_CHECK(config == base_config, "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
+    KVLAB_CHECK(same_run_config(config, base_config), "merge: '{}' was run with a different config than '{}':\n{}\nvs\n{}", file,
                 o.inputs.front(), config.dump(), base_config.dump());
     j["rows"] = read_result_rows(j, file);  // inline or in a rows file (replay --rows-out jsonl)
     j.erase("rows_file");

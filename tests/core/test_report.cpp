@@ -39,6 +39,33 @@ TEST_CASE("run directories hold config.json and an atomically written result.jso
   CHECK(render_csv(j["rows"], {"method", "rel_err"}) == "method,rel_err\nexact,0\n");
 }
 
+TEST_CASE("a run folder resumes only under its own config; a key added later resumes at the value it had before") {
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir("resume_config") + "/run";
+  const nlohmann::json before = {{"method", "h2o"}, {"ratio", {0.2}}, {"out", dir}};
+  { RunDir first(dir, "", before, /*exact=*/true); }
+  REQUIRE(fs::exists(dir + "/config.json"));
+  std::ofstream(dir + "/pred.jsonl") << "{}\n";  // a result: the folder is kept from here on
+  nlohmann::json same = before;
+  same["quiet"] = true;  // how a run goes, not what it computes
+  CHECK_NOTHROW(RunDir(dir, "", same, true));
+  nlohmann::json other = before;
+  other["ratio"] = {0.3};
+  CHECK_THROWS_WITH_AS(RunDir(dir, "", other, true), doctest::Contains("holds the results of another config"), Error);
+  // --ratio-of came after this folder was written: its default (what every earlier run computed)
+  // resumes it; the other value is another config.
+  nlohmann::json added = before;
+  added["ratio_of"] = "prompt";
+  CHECK_NOTHROW(RunDir(dir, "", added, true));
+  added["ratio_of"] = "prompt+answer";
+  CHECK_THROWS_WITH_AS(RunDir(dir, "", added, true), doctest::Contains("holds the results of another config"), Error);
+  // The same comparison joins shards (kvlab merge), either side the older.
+  CHECK(same_run_config(before, {{"method", "h2o"}, {"ratio", {0.2}}, {"ratio_of", "prompt"}}));
+  CHECK(same_run_config({{"method", "h2o"}, {"ratio", {0.2}}, {"ratio_of", "prompt"}}, before));
+  CHECK_FALSE(same_run_config({{"method", "h2o"}, {"ratio", {0.2}}, {"ratio_of", "prompt+answer"}}, before));
+  CHECK_FALSE(same_run_config({{"method", "h2o"}, {"ratio", {0.2}}}, {{"method", "h2o"}}));
+}
+
 TEST_CASE("result.json's layout: nlohmann's dump(2) but one compact line per row; parses back to the same JSON") {
   const nlohmann::json context = {{"config", {{"prompt", "two\nlines \"quoted\""}, {"ratio", {0.25, 0.5}}}},
                                   {"git_sha", "abc"}, {"empty", nlohmann::json::object()}};

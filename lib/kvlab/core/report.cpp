@@ -169,6 +169,21 @@ std::shared_ptr<int> lock_run_dir(const std::string& dir) {
 
 }  // namespace
 
+bool same_run_config(nlohmann::json a, nlohmann::json b) {
+  if (!a.is_object() || !b.is_object()) return a == b;
+  // Keys that say how a run goes, not what it computes (no_batch: the same outputs either way).
+  for (auto* j : {&a, &b})
+    for (const char* k : {"overwrite", "quiet", "out", "no_batch"}) j->erase(k);
+  // A key a later kvlab added to a command's config is absent from one written before it: the two
+  // are the same config when the key holds the value that computes what runs before it computed.
+  static const std::pair<const char*, nlohmann::json> kAddedLater[] = {{"ratio_of", "prompt"}};
+  for (const auto& [k, before] : kAddedLater) {
+    if (!a.contains(k) && b.contains(k) && b[k] == before) b.erase(k);
+    if (!b.contains(k) && a.contains(k) && a[k] == before) a.erase(k);
+  }
+  return a == b;
+}
+
 std::string run_dir_writer(const std::string& dir) {
   const std::string path = dir + "/.kvlab.lock";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -201,20 +216,13 @@ RunDir::RunDir(const std::string& base, const std::string& experiment, const nlo
                 "or empty folder, or pass --overwrite to write into it", path_);
   }
   if (exact && fs::exists(path_ + "/config.json") && !overwrite) {
-    // A folder of earlier results is never replaced by a run of another config. Keys that say how
-    // a run goes, not what it computes, may differ (no_batch: the same outputs either way).
-    auto same = [](nlohmann::json a, nlohmann::json b) {
-      for (auto* j : {&a, &b})
-        if (j->is_object())
-          for (const char* k : {"overwrite", "quiet", "out", "no_batch"}) j->erase(k);
-      return a == b;
-    };
+    // A folder of earlier results is never replaced by a run of another config (same_run_config).
     nlohmann::json earlier;
     try {
       earlier = nlohmann::json::parse(std::ifstream(path_ + "/config.json"));
     } catch (const std::exception&) {
     }
-    KVLAB_CHECK(same(earlier, config), "--out {}: holds the results of another config ({}/config.json differs); "
+    KVLAB_CHECK(same_run_config(earlier, config), "--out {}: holds the results of another config ({}/config.json differs); "
                 "choose another --out, or pass --overwrite to replace them", path_, path_);
   }
   // A folder this run makes (or finds empty) and leaves by an error before any result is in it is

@@ -33,6 +33,11 @@ void check_output_file(const std::string& path, const std::string& flag, const s
 // (<dir>/.kvlab.lock, flock(2), holding the writer's pid): a second run into the same folder is
 // refused with one line; the kernel drops the lock of a process that dies, and a run that finds
 // a pid left by one that did not finish says it takes over.
+// Whether two configs compute the same results: equal but for the keys that say how a run goes
+// (out, quiet, overwrite, no_batch) and for a key added to kvlab after one of them was written,
+// absent there and at the value that behaves as before in the other (ratio_of = "prompt").
+bool same_run_config(nlohmann::json a, nlohmann::json b);
+
 class RunDir {
  public:
   // base: e.g. "results"; an explicit `--out` dir is used as is when `exact` is true. An exact
