@@ -94,6 +94,8 @@ KEY_SIMILARITY = R("chelsea_key_similarity", "curve.csv.gz")
 XSUM_SELF_BLEU = R("xsum_self_bleu")
 # configs/qwen/niah_chelsea_4k.json: Chelsea Fig. 8's setting on Qwen2.5-Coder-0.5B (None until run)
 NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
+# configs/qwen/longbench.json v2 step 1: the full cache alone, 5 records a dataset (the gate)
+LONGBENCH_QWEN_GATE = R("longbench_qwen05_gate")
 # configs/qwen/longbench.json v2 step 2: BalanceKV Table 1 at 0.25 with Uniform (None until run)
 LONGBENCH_QWEN_BKV = R("longbench_qwen05_balancekv_t1")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
@@ -208,7 +210,7 @@ PAPER_FULL = {
 
 
 def gate_block():
-    print("== full-cache gate (SmolLM2-135M-Instruct; score x 100 of method exact) ==")
+    print("== full-cache gate (SmolLM2-135M-Instruct unless named; score x 100 of method exact) ==")
     print("   open: >= 50% of the paper's own full-cache score on the task; where no paper ran the task "
           "(RULER, kvlab's NIAH grid): >= 50 of 100 (scripts/full_cache_gate.py, a 1e-9 tolerance for float sums). "
           "'lo' = the 95% t interval's lower bound, shown beside.")
@@ -250,7 +252,27 @@ def gate_block():
         flag = "  (the interval's lower bound is below 50)" if thr == 50.0 and m >= thr - 1e-9 and lo < 50.0 else ""
         print(f"  {bench:<9} {task:<22} {str(length or ''):>5}  n={len(xs):>2}  full={m:6.1f}  lo={lo:6.1f}  "
               f"threshold={thr:5.1f}  -> {'open' if m >= thr - 1e-9 else 'closed'}{flag}")
+    qwen_longbench_gate()
     print()
+
+
+def qwen_longbench_gate():
+    """LongBench's gate on Qwen2.5-Coder-0.5B: the gate run's 5 records a dataset and, once run, the
+    full-cache branch of configs/qwen/longbench.json step 2 (its first 5 records are the gate's)."""
+    src = LONGBENCH_QWEN_BKV if os.path.exists(os.path.join(LONGBENCH_QWEN_BKV, "predictions.jsonl.gz")) \
+        else LONGBENCH_QWEN_GATE
+    cells = defaultdict(list)
+    for r in results.load(src):
+        if r["method"] == "exact":
+            cells[r["task"]].append(100.0 * r["score"])
+    print(f"  -- Qwen2.5-Coder-0.5B-Instruct, LongBench, protocol whole ({os.path.basename(src)}):")
+    for task, xs in sorted(cells.items()):
+        ref, _ = PAPER_FULL[("longbench", task)]
+        m = mean(xs)
+        ci = stats.diff_interval(xs)
+        lo = ci.lo if ci.lo == ci.lo else m
+        print(f"  {'longbench':<9} {task:<22} {'':>5}  n={len(xs):>2}  full={m:6.1f}  lo={lo:6.1f}  "
+              f"threshold={ref / 2:5.1f}  -> {'open' if m >= ref / 2 - 1e-9 else 'closed'}")
 
 
 def mean(xs):
