@@ -98,6 +98,11 @@ NIAH_QWEN_CHELSEA = R("niah_qwen_chelsea_whole_4k")
 LONGBENCH_QWEN_GATE = R("longbench_qwen05_gate")
 # configs/qwen/longbench.json v2 step 2: BalanceKV Table 1 at 0.25 with Uniform (None until run)
 LONGBENCH_QWEN_BKV = R("longbench_qwen05_balancekv_t1")
+# steps 3-5: Chelsea Table 2's family at B = 0.2 (n + new tokens); ClusterGen Table 3 at 2,048
+# entries; Chelsea's chunk and outlier-head ablations (None until run)
+LONGBENCH_QWEN_CHL = R("longbench_qwen05_chelsea_t2")
+LONGBENCH_QWEN_CG = R("longbench_qwen05_clustergen_t3")
+LONGBENCH_QWEN_CHL_ABL = R("longbench_qwen05_chelsea_ablations")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
 LONGEVAL_QWEN = [(200, 0.643, R("longeval_qwen15_paper_200")), (300, 0.577, R("longeval_qwen15_paper_300")),
                  (400, 0.49, R("longeval_qwen15_paper_400"))]
@@ -395,8 +400,11 @@ def balancekv_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, pa
     print()
 
 
-def chelsea_longbench(recs):
-    print("== Chelsea Tables 2, 6-8 on kvlab's LongBench subset (protocol whole, ratio 0.2, paper presets) ==")
+def chelsea_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, paper presets", snapkv="snapkv"):
+    """snapkv: the branch that stands for SnapKV (the Qwen run's snapkv@w100, the paper's window)."""
+    print(f"== Chelsea Tables 2, 6-8 on kvlab's LongBench subset ({title}) ==")
+    if snapkv != "snapkv":
+        recs = [dict(r, method="snapkv") if r["method"] == snapkv else r for r in recs if r["method"] != "snapkv"]
     # Table 2 averages (14 datasets), Chelsea minus each baseline, per model
     t2 = {"Llama-2-7B-32K": (35.12, {"snapkv": 29.27, "streaming_llm": 27.55, "cam": 27.68}),
           "Llama-3.1-8B": (37.87, {"snapkv": 36.38, "streaming_llm": 33.90, "cam": 33.91}),
@@ -421,10 +429,33 @@ def chelsea_longbench(recs):
     print()
 
 
-def clustergen_longbench(recs):
-    print("== ClusterGen Table 3 (fixed 2k budget not run): multifieldqa_zh at ratio 0.2, whole ==")
+def clustergen_longbench(recs, title="SmolLM2-135M; fixed 2k budget not run: ratio 0.2, whole"):
+    print(f"== ClusterGen Table 3: multifieldqa_zh, the single-document QA set here ({title}) ==")
     fam = longbench_family(recs, "clustergen", ["streaming_llm"], ["multifieldqa_zh"])
     show("CG-T3", "clustergen - streaming_llm (multifieldqa_zh)", fam["streaming_llm"], sign=+1)
+    print()
+
+
+def chelsea_longbench_ablations(recs):
+    """Chelsea Table 4 (chunk 16 / 64 / 256 / none: 'a relatively small effect') and Tables 5/11
+    (with outlier heads above without) on Qwen's LongBench run (configs/qwen/longbench.json step 5)."""
+    print("== Chelsea Tables 4, 5, 11 on kvlab's LongBench subset (Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), stream) ==")
+    paper_t4 = {"chelsea@c16": 41.83 - 42.54, "chelsea@c64": 42.68 - 42.54, "chelsea@cnone": 42.81 - 42.54}
+    fam = {}
+    for variant, claim in paper_t4.items():
+        groups = {}
+        for ds in LB3:
+            a = by_sample(recs, method=variant, task=ds)
+            b = by_sample(recs, method="chelsea", task=ds)
+            groups[ds] = [100.0 * (a[k]["score"] - b[k]["score"]) for k in aligned(a, b)]
+        fam[variant] = stratified(groups)
+    for variant, c in with_holm(fam).items():
+        show("CHL-T4", f"{variant} - chelsea (chunk 256), avg of 3", c, claim=paper_t4[variant])
+    fam = longbench_family(recs, "chelsea", ["chelsea@noout"], LB3)
+    show("CHL-T5", "chelsea - chelsea@noout (avg of 3)", fam["chelsea@noout"], claim=38.97 - 36.46)
+    fam = with_holm({ds: longbench_family(recs, "chelsea", ["chelsea@noout"], [ds])["chelsea@noout"] for ds in LB3})
+    for ds, c in fam.items():
+        show("CHL-T11", f"chelsea - chelsea@noout ({ds})", c, sign=+1)
     print()
 
 
@@ -974,7 +1005,14 @@ def main():
         balancekv_longbench(results.load(LONGBENCH_QWEN_BKV),
                             "Qwen2.5-Coder-0.5B, protocol whole, ratio 0.25 as the paper, paper presets")
     chelsea_longbench(lb)
+    if os.path.exists(os.path.join(LONGBENCH_QWEN_CHL, "predictions.jsonl.gz")):
+        chelsea_longbench(results.load(LONGBENCH_QWEN_CHL), "Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), "
+                          "decode stream, SnapKV window 100", snapkv="snapkv@w100")
     clustergen_longbench(lb)
+    if os.path.exists(os.path.join(LONGBENCH_QWEN_CG, "predictions.jsonl.gz")):
+        clustergen_longbench(results.load(LONGBENCH_QWEN_CG), "Qwen2.5-Coder-0.5B, the paper's fixed 2,048 entries, whole")
+    if os.path.exists(os.path.join(LONGBENCH_QWEN_CHL_ABL, "predictions.jsonl.gz")):
+        chelsea_longbench_ablations(results.load(LONGBENCH_QWEN_CHL_ABL))
     chelsea_niah()
     chelsea_niah_qwen()
     chelsea_key_similarity()
