@@ -183,10 +183,22 @@ bres = stats.bootstrap((boot,), np.mean, confidence_level=0.95, n_resamples=1000
                        random_state=np.random.default_rng(0))
 bootstrap = dict(d=floats(boot), scipy_lo=num(bres.confidence_interval.low), scipy_hi=num(bres.confidence_interval.high))
 
+# ---- Spearman (scipy.stats.spearmanr), ties at average ranks; its own generator, so the draws above stay ----
+srng = np.random.default_rng(20261207)
+spearman_cases = []
+for name, x, y in (
+        ("continuous n=12", srng.normal(0, 1, 12), srng.normal(0, 1, 12)),
+        ("monotone decreasing n=8", np.arange(8.0), -np.arange(8.0) ** 2),
+        ("ties in both n=20", srng.integers(0, 4, 20).astype(float), srng.integers(0, 3, 20).astype(float)),
+        ("binary scores vs errors n=30", srng.uniform(0, 0.3, 30).round(4), srng.integers(0, 2, 30).astype(float)),
+        ("cell means n=6", np.array([0.05, 0.12, 0.12, 0.3, 0.41, 0.2]), np.array([90.0, 85.0, 70.0, 70.0, 40.0, 66.0]))):
+    spearman_cases.append(dict(name=name, x=floats(x), y=floats(y), rho=num(stats.spearmanr(x, y).statistic)))
+
 out = dict(versions=dict(numpy=np.__version__, scipy=scipy.__version__, statsmodels=statsmodels.__version__,
                          python=sys.version.split()[0]),
            paired=paired, dist=dist, stratified=strat, mcnemar=mcn, pairs=pairs, holm=holm, power=power,
-           mde=mde, mde_skipped=mde_skipped, n_for_margin=margin, bootstrap=bootstrap)
+           mde=mde, mde_skipped=mde_skipped, n_for_margin=margin, bootstrap=bootstrap,
+           spearman=spearman_cases)
 path = os.path.join(ROOT, "tests", "fixtures", "stats_golden", "golden.json")
 os.makedirs(os.path.dirname(path), exist_ok=True)
 with open(path, "w") as f:

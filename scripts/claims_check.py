@@ -853,20 +853,6 @@ def buzz_tw_generation():
     print()
 
 
-def spearman(xs, ys):
-    """Spearman's rank correlation (no ties expected: distances and real-valued similarities)."""
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = mean(rx), mean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return sxy / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-
-
 def chelsea_key_similarity():
     """CHL-F2 / CHL-F3 (Chelsea §4, Observations 1-2): cosine similarity of key states against token
     distance, WikiText-2 windows of about 3.6k tokens, every layer and KV head. F3 (averaged over
@@ -891,7 +877,7 @@ def chelsea_key_similarity():
           ", ".join(f"d={d}: {mean(per_sample[s][d] for s in samples):.3f}" for d in (1, 2, 4, 8, 16, 32, 64, 128, 256)))
     fam = with_holm({
         "s(1) - s(256)": paired([per_sample[s][1] - per_sample[s][256] for s in samples]),
-        "-rho(distance, similarity)": paired([-spearman(dists, [per_sample[s][d] for d in dists]) for s in samples]),
+        "-rho(distance, similarity)": paired([-stats.spearman(dists, [per_sample[s][d] for d in dists]) for s in samples]),
         "(s(1) + s(256))/2 - s(128)": paired([(per_sample[s][1] + per_sample[s][256]) / 2 - per_sample[s][128]
                                              for s in samples]),
     })

@@ -39,6 +39,10 @@ void TaskCommonOptions::fields(FieldList& f) {
         "and the record's new tokens, held from the prefill on: Chelsea's B = R(n + new tokens); --protocol whole)");
   f.add("kept_out", kept_out, "write what every branch kept (positions and weights per layer and KV head) to "
         "<run>/kept/<dataset>/<record>.json");
+  f.add("layer_error", layer_error, "measure each branch's single-layer attention error on the question's own "
+        "queries (--protocol context): the exact model's queries per layer attend over the branch's compressed context "
+        "and are compared with the full cache's output; layer_rel_err (mean over layers) and layer_rel_err_by_layer on "
+        "every prediction line");
   f.add("obs_queries", obs_queries, "the last N prompt queries per layer that methods may score keys with");
   f.add("keep_first", keep_first, "prompt positions kept exact before the compressed region, inside the budget "
         "(every method whose preset sets none)");
@@ -61,6 +65,11 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   KVLAB_CHECK(!plan.protocol.ratio_of_answer || (o.budget.empty() && o.T.empty() && o.bytes.empty()),
               "--ratio-of prompt+answer sets what a --ratio is of; it does not apply to {}",
               !o.budget.empty() ? "--budget" : !o.T.empty() ? "--T" : "--bytes");
+  KVLAB_CHECK(!o.layer_error || plan.protocol.question == TaskProtocol::Question::context,
+              "--layer-error judges each branch on the question's queries, which go through the compressed cache only "
+              "under --protocol context (found --protocol {})", o.protocol);
+  KVLAB_CHECK(!o.layer_error || plan.protocol.decode != TaskProtocol::Decode::rerotate,
+              "--layer-error cannot judge re-rotated keys (--decode-rule rerotate): give --decode-rule prefill or stream");
   KVLAB_CHECK(o.keep_first >= 0 && o.keep_last >= 0, "--keep-first and --keep-last must be >= 0, got {} and {}",
               o.keep_first, o.keep_last);
   std::string names = o.method;
@@ -194,6 +203,7 @@ nlohmann::json run_task_dataset(const TaskCommonOptions& o, const TaskModel& tm,
   to.reconstruction_templated = reconstruction_prompt(tm.tok, resolve_model_chat_template(o.chat_template, tm.src, tm.tok));
   to.reconstruction_plain = reconstruction_prompt(tm.tok, "none");
   if (o.kept_out) to.kept_dir = tr.run.file("kept");
+  to.layer_error = o.layer_error;
   // Shard i of N takes units i, i + N, ...: a unit is a record, or the consecutive records asking
   // about one context (TaskRecord::context_group), which stay together to share its prefill.
   std::vector<TaskRecord> mine;

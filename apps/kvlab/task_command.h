@@ -36,6 +36,7 @@ struct TaskCommonOptions : RunFolderOptions {
   std::string decode_rule = "prefill";
   std::string ratio_of = "prompt";     // prompt | prompt+answer (tasks/protocol.h)
   bool kept_out = false;               // write <run>/kept/<dataset>/<record>.json
+  bool layer_error = false;            // each line: the branch's single-layer error on the question (context)
   int64_t obs_queries = 256;
   int64_t keep_first = 0;
   int64_t keep_last = 0;

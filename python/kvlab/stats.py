@@ -204,6 +204,33 @@ def bootstrap_interval(d, level=0.95, n_boot=10000, seed=0):
     return Interval(math.fsum(d) / n, sd, quantile((1 - level) / 2), quantile((1 + level) / 2), _NAN, _NAN, n)
 
 
+def ranks(xs):
+    """Ranks 1..n, ties given their average rank (scipy.stats.rankdata's 'average')."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return r
+
+
+def spearman(xs, ys):
+    """Spearman's rank correlation with ties at average ranks: the Pearson correlation of the ranks
+    (= scipy.stats.spearmanr(xs, ys).statistic); nan when either side is constant."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman: {len(xs)} x values and {len(ys)} y values")
+    rx, ry = ranks(list(xs)), ranks(list(ys))
+    mx, my = math.fsum(rx) / len(rx), math.fsum(ry) / len(ry)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = math.fsum((a - mx) ** 2 for a in rx), math.fsum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else _NAN
+
+
 def mcnemar_exact(b, c):
     """Two-sided exact McNemar p from the discordant counts (b: A right & B wrong, c: the reverse):
     min(1, 2 BinomCDF(min(b, c); b + c, 1/2)), summed in exact integers = statsmodels.stats

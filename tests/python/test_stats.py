@@ -151,5 +151,12 @@ check(close(b0.se, t.se, 0.1), f"bootstrap se within 10% of the t se: {b0.se} vs
 small = S.bootstrap_interval([1.0, 2.0, 4.0], level=0.9, n_boot=2000, seed=3)
 check(1.0 <= small.lo <= small.hi <= 4.0, f"bootstrap endpoints inside the data's range: {small}")
 
+# ---- Spearman = scipy.stats.spearmanr, ties at average ranks ----------------------------------------
+for c in G["spearman"]:
+    got = S.spearman(c["x"], c["y"])
+    check(close(got, c["rho"], 1e-12, 1e-12), f"spearman {c['name']}: {got} vs scipy {c['rho']}")
+check(S.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0], "ranks: ties at their average rank")
+check(math.isnan(S.spearman([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])), "spearman of a constant side is nan")
+
 print(f"{counts['passed']} passed, {counts['failed']} failed")
 sys.exit(1 if counts["failed"] else 0)

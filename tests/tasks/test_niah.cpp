@@ -134,4 +134,13 @@ TEST_CASE("niah: kvlab niah on stories260K — grid, predictions, resume, errors
   CHECK(test::run_command(test::kvlab_bin() + " niah --model " + stories_dir() + " --haystack-dir " + essays_dir() +
                           " --lengths 4096 --out " + dir + "/e2", &err) != 0);
   CHECK(err.find("--lengths: 4096 tokens") != std::string::npos);
+  // --layer-error judges the question's queries: only where they go through the compressed cache.
+  CHECK(test::run_command(test::kvlab_bin() + " niah --model " + stories_dir() + " --haystack-dir " + essays_dir() +
+                          " --method snapkv --ratio 0.5 --layer-error --out " + dir + "/e3", &err) != 0);
+  CHECK(err.find("--layer-error judges each branch on the question's queries") != std::string::npos);
+  CHECK(err.find("found --protocol whole") != std::string::npos);
+  CHECK(test::run_command(test::kvlab_bin() + " niah --model " + stories_dir() + " --haystack-dir " + essays_dir() +
+                          " --method snapkv --ratio 0.5 --layer-error --protocol context --decode-rule rerotate --out " +
+                          dir + "/e4", &err) != 0);
+  CHECK(err.find("--layer-error cannot judge re-rotated keys") != std::string::npos);
 }

@@ -15,10 +15,13 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <set>
 
+#include "kvlab/attention/exact_cache.h"
 #include "kvlab/cache/compressed_cache.h"
 #include "kvlab/compress/method_spec.h"
 #include "kvlab/compress/preset.h"
@@ -373,6 +376,87 @@ TEST_CASE("--protocol context: the question goes through the compressed cache; e
   CHECK(ids.front() != exact_first);
   CHECK(whole_line["output"].get<std::string>().rfind(tok.decode({exact_first}, true), 0) == 0);
   CHECK(ctx_line["entries_peak"].get<double>() >= 16.0 + n_q);
+}
+
+TEST_CASE("--layer-error: a branch's single-layer error on the question equals a naive loop over what it kept") {
+  if (!have_stories()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
+  const int64_t n_ctx = 240, n_q = 12;
+  std::vector<int64_t> prompt = prompt_ids(n_ctx, 9);
+  const auto question = prompt_ids(n_q + 1, 10);
+  prompt.insert(prompt.end(), question.begin() + 1, question.end());
+  TaskRecord rec;
+  rec.id = "r0";
+  rec.prompt = prompt;
+  rec.context_len = n_ctx;
+  rec.max_new_tokens = 3;
+  std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
+                                      {"snapkv", one("snapkv"), Budget::of_entries(20)},
+                                      {"streaming_llm", one("streaming_llm"), Budget::of_entries(20)},
+                                      {"h2o", one("h2o"), Budget::of_entries(40)}};
+  TaskOptions to;
+  to.pred_dir = test::temp_dir("layer_error") + "/pred";
+  to.kept_dir = to.pred_dir + "/../kept";
+  to.obs_queries = 64;
+  to.protocol.question = TaskProtocol::Question::context;
+  to.layer_error = true;
+  run_task(model, tok, unscored_task(), {rec}, branches, to);
+  const json kept = read_json_file(to.kept_dir + "/synthetic/r0.json");
+
+  // The reference: the whole prompt through the exact model once, every layer's q/k/v kept; each
+  // question query attends, in float64, over the context positions the branch kept (every KV head
+  // its own) and the question up to itself, against the same over the whole context.
+  struct Tap : QkvTap {
+    std::vector<at::Tensor> q, k, v;
+    void on_qkv(int, const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) override {
+      q.push_back(q_.to(at::kDouble)), k.push_back(k_.to(at::kDouble)), v.push_back(v_.to(at::kDouble));
+    }
+  } tap;
+  ForwardOptions fo;
+  fo.tap = &tap;
+  ExactAttention full(model.config.n_layers);
+  forward(model, at::tensor(prompt, at::kLong), 0, full, fo);
+  const int64_t n_layers = model.config.n_layers, hq = tap.q[0].size(0), hkv = tap.k[0].size(0);
+  const double scale = 1.0 / std::sqrt(double(tap.q[0].size(2)));
+  auto attend = [&](int64_t l, int64_t h, int64_t p, const std::vector<int64_t>& ctx) {  // -> [d]
+    std::vector<int64_t> keys = ctx;
+    for (int64_t j = n_ctx; j <= p; ++j) keys.push_back(j);
+    const int64_t g = h / (hq / hkv);
+    at::Tensor idx = at::tensor(keys, at::kLong);
+    at::Tensor s = at::matmul(tap.k[l][g].index_select(0, idx), tap.q[l][h][p]) * scale;  // [m]
+    return at::matmul(at::softmax(s, 0), tap.v[l][g].index_select(0, idx));              // [d]
+  };
+  std::vector<int64_t> all_ctx(n_ctx);
+  std::iota(all_ctx.begin(), all_ctx.end(), 0);
+  for (size_t b = 0; b < branches.size(); ++b) {
+    CAPTURE(branches[b].label);
+    const json line = read_json_lines(to.pred_dir + "/" + branches[b].label + "/synthetic.jsonl").at(0);
+    const json& kb = kept["branches"][b];
+    REQUIRE(kb["branch"] == branches[b].label);
+    REQUIRE(line["layer_rel_err_by_layer"].size() == size_t(n_layers));
+    double mean = 0;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      double num = 0, den = 0;
+      for (int64_t h = 0; h < hq; ++h) {
+        std::vector<int64_t> ctx;  // the context positions this KV head held
+        for (const auto& [p, w] : kept_map(kb["layers"][l]["kv_heads"][h / (hq / hkv)]))
+          if (p < n_ctx) ctx.push_back(p);
+        for (int64_t p = n_ctx; p < int64_t(prompt.size()); ++p) {
+          const at::Tensor ref = attend(l, h, p, all_ctx);
+          num += (attend(l, h, p, ctx) - ref).pow(2).sum().item<double>();
+          den += ref.pow(2).sum().item<double>();
+        }
+      }
+      const double want = std::sqrt(num / den);
+      CHECK(line["layer_rel_err_by_layer"][l].get<double>() == doctest::Approx(want).epsilon(1e-4));
+      mean += want / double(n_layers);
+    }
+    CHECK(line["layer_rel_err"].get<double>() == doctest::Approx(mean).epsilon(1e-4));
+    if (b == 0) CHECK(line["layer_rel_err"].get<double>() == 0.0);
+    else CHECK(line["layer_rel_err"].get<double>() > 1e-3);  // 20-40 of 240 entries: an error to see
+  }
 }
 
 TEST_CASE("prompt split: the context is the common prefix of the whole prompt's ids and the context's") {

@@ -35,7 +35,8 @@ void check_output_file(const std::string& path, const std::string& flag, const s
 // a pid left by one that did not finish says it takes over.
 // Whether two configs compute the same results: equal but for the keys that say how a run goes
 // (out, quiet, overwrite, no_batch) and for a key added to kvlab after one of them was written,
-// absent there and at the value that behaves as before in the other (ratio_of = "prompt").
+// absent there and at the value that behaves as before in the other (ratio_of = "prompt",
+// layer_error = false).
 bool same_run_config(nlohmann::json a, nlohmann::json b);
 
 class RunDir {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 
 #include "kvlab/attention/exact_cache.h"
@@ -339,6 +340,70 @@ std::vector<BranchResult> run_branches(const Model& model, const Prefill& prefil
   }
   for (size_t j = 0; j < batch.size(); ++j) out[batch[j]] = runs[j]->finish();
   return out;
+}
+
+namespace {
+
+// Keeps each layer's q/k/v of the tokens forwarded.
+struct ProbeTap : QkvTap {
+  QuestionProbe* probe = nullptr;
+  void on_qkv(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) override {
+    probe->q[layer] = q.clone();  // [Hq, s, d]
+    probe->k[layer] = k.clone();  // [Hkv, s, d]
+    probe->v[layer] = v.clone();
+  }
+};
+
+// The branch's cache right after compression, compressed once (no stream).
+CompressedAttention compressed_once(const Model& model, const Prefill& prefill, BranchSpec spec) {
+  spec.stream = false;
+  spec.decoding = DecodingRule{0};
+  return CompressedAttention(compress_branch(model, prefill, spec, nullptr, nullptr));
+}
+
+}  // namespace
+
+QuestionProbe probe_question(const Model& model, const Prefill& prefill, const std::vector<int64_t>& tokens,
+                             const BranchSpec& exact) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(exact.method.full_cache(), "probe_question: the probe goes through the full cache, not {}",
+              exact.method.label());
+  KVLAB_CHECK(!tokens.empty(), "the single-layer error needs the question's tokens after the prefill "
+              "(--protocol context); this record has none");
+  const int64_t n_layers = model.config.n_layers;
+  QuestionProbe p;
+  p.pos0 = static_cast<int64_t>(prefill.prompt.size());
+  p.q.resize(n_layers), p.k.resize(n_layers), p.v.resize(n_layers);
+  ProbeTap tap;
+  tap.probe = &p;
+  ForwardOptions fo;
+  fo.tap = &tap;
+  CompressedAttention full = compressed_once(model, prefill, exact);
+  forward(model, at::tensor(tokens, at::kLong), p.pos0, full, fo);
+  for (int64_t l = 0; l < n_layers; ++l) {
+    CompressedAttention fresh = compressed_once(model, prefill, exact);  // the context alone again
+    p.z.push_back(fresh.attend(int(l), p.q[l], p.k[l], p.v[l], p.pos0, model.config.layer_window(l)));  // [Hq, s, d]
+  }
+  return p;
+}
+
+std::vector<double> branch_layer_error(const Model& model, const Prefill& prefill, const BranchSpec& spec,
+                                       const QuestionProbe& probe) {
+  c10::InferenceMode guard;
+  KVLAB_CHECK(!spec.rerotate, "the single-layer error (--layer-error) cannot judge {} with re-rotated keys "
+              "(--decode-rule rerotate): the question's positions would move with them", spec.method.label());
+  CompressedAttention attn = compressed_once(model, prefill, spec);
+  std::vector<double> err;
+  for (int l = 0; l < int(probe.q.size()); ++l) {
+    if (l < int(prefill.windows.size()) && prefill.windows[l] > 0) {
+      err.push_back(std::nan(""));  // held exact by every branch
+      continue;
+    }
+    const at::Tensor z = attn.attend(l, probe.q[l], probe.k[l], probe.v[l], probe.pos0, model.config.layer_window(l));
+    const at::Tensor ref = probe.z[l].to(at::kDouble);  // [Hq, s, d]
+    err.push_back((z.to(at::kDouble) - ref).norm().item<double>() / std::max(ref.norm().item<double>(), 1e-300));
+  }
+  return err;
 }
 
 nlohmann::json kept_json(const CompressedAttention& attn) {

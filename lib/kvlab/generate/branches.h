@@ -133,4 +133,28 @@ BranchResult run_branch(const Model& model, const Prefill& prefill, const Branch
 std::vector<BranchResult> run_branches(const Model& model, const Prefill& prefill, const std::vector<BranchSpec>& specs,
                                        const std::vector<BranchOptions>& opts);
 
+// Single-layer attention error inside an end-to-end run (issue 48: does replay's error predict the
+// task score?). The tokens after a prefill (--protocol context: the question and the assistant
+// prefix) go once through the full cache; each layer's post-RoPE queries, keys and values and the
+// exact attention output are kept. A branch is then judged layer by layer as replay judges a
+// capture: the same exact queries attend over the branch's compressed context, compressed once as
+// its method compresses it, with the question's own keys and values appended exactly (causal), and
+// the output is compared with the exact one. Errors do not compound across layers: each layer sees
+// the exact model's inputs.
+struct QuestionProbe {
+  int64_t pos0 = 0;                 // the position of the first probed token (the prefill's length)
+  std::vector<at::Tensor> q, k, v;  // per layer: [Hq, s, d], [Hkv, s, d], [Hkv, s, d] post-RoPE, exact
+  std::vector<at::Tensor> z;        // per layer [Hq, s, d] the exact attention output
+};
+// `exact`: the run's full-cache branch (its compression keeps everything).
+QuestionProbe probe_question(const Model& model, const Prefill& prefill, const std::vector<int64_t>& tokens,
+                             const BranchSpec& exact);
+
+// Per layer, ||z_branch - z_exact||_F / ||z_exact||_F over the probe's queries and query heads; NaN
+// for a layer every branch holds as an exact window (gemma3's local layers). A streaming method is
+// judged on its cache right after compression (as replay), a quantized one as it stores it; a
+// branch that re-rotates its keys is refused (the question's positions would move with them).
+std::vector<double> branch_layer_error(const Model& model, const Prefill& prefill, const BranchSpec& spec,
+                                       const QuestionProbe& probe);
+
 }  // namespace kvlab

@@ -323,6 +323,14 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
                        opt.protocol.decode == TaskProtocol::Decode::rerotate, DecodingRule{opt.protocol.every}});
       bos.push_back(std::move(bo));
     }
+    // --layer-error: the question through the full cache once, each branch judged on its queries.
+    std::optional<QuestionProbe> probe;
+    if (opt.layer_error && !todo.empty()) {
+      const MethodSpec& ex = branches[0].method;
+      probe.emplace(probe_question(model, pre, suffix,
+                                   {ex, branches[0].budget, opt.seed, ex.keep_first_or(opt.keep_first),
+                                    ex.keep_last_or(opt.keep_last), false, /*count_whole=*/true}));
+    }
     std::vector<BranchResult> results;
     if (opt.batch) {
       results = run_branches(model, pre, specs, bos);
@@ -358,6 +366,18 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       line["entries_peak"] = br.entries_peak;
       line["bytes_mean"] = br.bytes_mean;
       line["bytes_peak"] = br.kv_bytes_peak;
+      if (probe) {
+        const std::vector<double> err = branch_layer_error(model, pre, spec, *probe);
+        nlohmann::json by_layer = nlohmann::json::array();
+        double sum = 0;
+        int64_t counted = 0;
+        for (double e : err) {
+          by_layer.push_back(std::isfinite(e) ? nlohmann::json(e) : nlohmann::json(nullptr));  // null: an exact window layer
+          if (std::isfinite(e)) sum += e, ++counted;
+        }
+        line["layer_rel_err"] = counted ? sum / double(counted) : 0.0;
+        line["layer_rel_err_by_layer"] = by_layer;
+      }
       line["same_as_exact"] = out == exact_out;
       line["rougeL_vs_exact"] = fidelity_rouge_l(exact_out, out);
       // Compression and decoding (batched: each step's wall time split among its branches); the

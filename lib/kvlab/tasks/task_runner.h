@@ -83,6 +83,10 @@ struct TaskOptions {
   std::string pred_dir;     // <run>/pred
   TaskProtocol protocol;    // the question, the decode rule, memory counted whole (protocol.h)
   std::string kept_dir;     // "" = off; else <kept_dir>/<dataset>/<record id>.json: what every branch kept
+  // Each prediction line gets the branch's single-layer error on the question's queries
+  // (generate/branches.h QuestionProbe; --protocol context): "layer_rel_err", the mean over the
+  // compressed layers of ||z - z_exact||_F / ||z_exact||_F, and "layer_rel_err_by_layer".
+  bool layer_error = false;
   uint64_t seed = 0;
   int64_t obs_queries = 256;
   int64_t keep_first = 0;  // prompt positions kept exact before the compressed region (a method's
