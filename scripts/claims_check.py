@@ -788,6 +788,10 @@ def buzz_xsum_ablations():
                  (lin[("buzz", 0.6)][x] - lin[("buzz-swapped", 0.6)][x]) for x in keys]), sign=+1)
     over_budgets("BUZZ-F8b", "buzz", "buzz-interval")
     family("BUZZ-F8b", [("buzz", "buzz-interval")])
+    # "dropping rapidly as the budget decreases": the same trend contrast
+    show("BUZZ-F8b", "(buzz - no local max) at 10% minus at 60%",
+         paired([(lin[("buzz", 0.1)][x] - lin[("buzz-interval", 0.1)][x]) -
+                 (lin[("buzz", 0.6)][x] - lin[("buzz-interval", 0.6)][x]) for x in keys]), sign=+1)
     print()
 
 
