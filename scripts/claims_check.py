@@ -88,6 +88,8 @@ XSUM_KEPTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)  # the kept fractions of steps 3-5 (
 XSUM_BUZZ_TW = R("xsum_buzz_tw")
 # xsum.json v5 step 5: steps 3-4 on 450 articles, one run (n from their pilot; None until complete)
 XSUM_450 = R("xsum_whole_rerotate_450")
+# v6 step 6: H2O as BUZZ's script splits it (heavy = T, recent = w) on the same 450 articles (None until run)
+XSUM_450_H2O_SPLIT = R("xsum_whole_rerotate_450_h2o_split")
 # scripts/key_similarity.py on 10 WikiText-2 windows (Chelsea Figs. 2-3; None until made)
 KEY_SIMILARITY = R("chelsea_key_similarity", "curve.csv.gz")
 # scripts/self_bleu.py over steps 3-4 (BUZZ Fig. 7; None until made)
@@ -364,7 +366,33 @@ def buzz_xsum_range():
                      for b in ("h2o", "streaming_llm")})
     for b, c in fam.items():
         show("BUZZ-T2a", f"buzz - {b} (geo-mean ROUGE, mean of 10-60%)", c, claim=claim[b])
+    buzz_xsum_h2o_split(br, ex, keys, claim["h2o"])
     print()
+
+
+def buzz_xsum_h2o_split(br, ex, keys, claim):
+    """The second look at BUZZ-T2a/F5: H2O as BUZZ's script configures it (heavy = T, recent = w;
+    xsum.json step 6, h2o@buzzsplit), paired with step 5's buzz once both are complete (their full
+    caches must agree). Printed beside the ledger's contrast, which keeps H2O as its paper runs it."""
+    if not results.is_results_dir(XSUM_450_H2O_SPLIT) or len(keys) < 450:
+        print("  -- H2O as BUZZ's script splits it (xsum.json step 6): not run yet")
+        return
+    alt, ex2 = xsum_range_branches(XSUM_450_H2O_SPLIT, ["h2o@buzzsplit"])
+    for a in keys:
+        if a not in ex2 or ex[a]["output"] != ex2[a]["output"]:
+            raise SystemExit(f"claims_check: step 6's full cache differs from step 5's on {a}")
+    kepts = XSUM_KEPTS
+    both = {**{("buzz", k): br[("buzz", k)] for k in kepts}, **alt}
+    lin = {mk: dict(zip(keys, geo_linearised([v[a] for a in keys]))) for mk, v in both.items()}
+    print("  -- H2O as BUZZ's script splits it (heavy = T, recent = w: recent_ratio 0.18; xsum.json step 6):")
+    print(f"  {'h2o@buzzsplit':<14} " + "  ".join(f"{int(k * 100)}%: {geo_mean([alt[('h2o@buzzsplit', k)][a] for a in keys]):5.2f}"
+                                             for k in kepts))
+    show("BUZZ-T2a", "buzz - h2o@buzzsplit (mean of 10-60%)",
+         paired([sum(lin[("buzz", k)][a] - lin[("h2o@buzzsplit", k)][a] for k in kepts) / len(kepts) for a in keys]),
+         claim=claim)
+    fam = with_holm({k: paired([lin[("buzz", k)][a] - lin[("h2o@buzzsplit", k)][a] for a in keys]) for k in kepts})
+    for k, c in fam.items():
+        show("BUZZ-F5", f"buzz - h2o@buzzsplit at {int(k * 100)}%", c, sign=+1)
 
 
 def longbench_family(recs, method, bases, datasets, scale=100.0):
