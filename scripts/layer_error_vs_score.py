@@ -13,6 +13,8 @@ Prints, per (benchmark, length):
   2. across branches: Spearman's rho between a branch's mean error and its mean score (stats.spearman,
      ties at average ranks), with a 95% percentile bootstrap interval over records (records resampled
      with replacement within each task, every branch's means recomputed on the resample; seed 0);
+     then the same at each kept fraction across the methods (does the error rank the methods as
+     their scores do, at equal memory?);
   3. within each branch: rho between a record's error and its score loss against the full cache
      (exact's score - the branch's), over that branch's records, with the same bootstrap.
 A negative rho in 2 (more error, lower score) is the prediction; rho is printed with its interval and
@@ -100,6 +102,26 @@ def analyse(recs, n_boot, label, out_rows):
           f"{len(branches)} branches)\n")
     out_rows += [(label, "across branches", "spearman_rho", rho), (label, "across branches", "rho_lo", lo),
                  (label, "across branches", "rho_hi", hi)]
+    # at one kept fraction: do the methods' errors rank them as their scores do?
+    by_kept = defaultdict(list)
+    for b in branches:
+        by_kept[next(iter(by[b].values()))["kept"]].append(b)
+    print("| kept | methods | rho(mean layer_rel_err, mean score) across the methods | 95% bootstrap |")
+    print("|---|---|---|---|")
+    for kept, bs in sorted(by_kept.items(), reverse=True):
+        if len(bs) < 3:
+            continue
+
+        def at_kept(sample, bs=bs):
+            keys = [k for ks in sample.values() for k in ks]
+            return stats.spearman([sum(by[b][k]["layer_rel_err"] for k in keys) for b in bs],
+                                  [sum(by[b][k]["score"] for k in keys) for b in bs])
+        rho_k = at_kept(units)
+        lo_k, hi_k, _ = boot_interval(units, at_kept, n_boot)
+        print(f"| {kept:g} | {len(bs)} | {rho_k:+.3f} | [{lo_k:+.3f}, {hi_k:+.3f}] |")
+        out_rows += [(label, f"kept {kept:g}", "spearman_rho", rho_k), (label, f"kept {kept:g}", "rho_lo", lo_k),
+                     (label, f"kept {kept:g}", "rho_hi", hi_k)]
+    print()
     print("| branch | rho(layer_rel_err, score loss) within the branch | 95% bootstrap |")
     print("|---|---|---|")
     for b in branches:

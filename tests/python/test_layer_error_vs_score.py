@@ -32,14 +32,26 @@ def branch(kept):
 
 with tempfile.TemporaryDirectory() as d:
     folder = os.path.join(d, "r")
-    write_ruler_results(folder, "context", {("exact", None): exact, **{("snapkv", k): branch(k) for k in miss}},
+    # two more methods at 0.25: the per-kept table ranks three methods there
+    h2o = [dict(r, layer_rel_err=r["layer_rel_err"] * 0.5) for r in branch(0.5)]    # less error, fewer misses
+    knorm = [dict(r, layer_rel_err=r["layer_rel_err"] * 3.0) for r in branch(0.125)]  # more error, more misses
+    write_ruler_results(folder, "context", {("exact", None): exact, **{("snapkv", k): branch(k) for k in miss},
+                                            ("h2o", 0.25): h2o, ("knorm", 0.25): knorm},
                         task="niah_single_1", length=4096)
     rc, out = run(folder, "--boot", "300", "--out", os.path.join(d, "rows.csv"))
     expect(rc == 0, "runs", out)
-    expect("3 branches, 12 records in every branch (1 tasks)" in out, "the shape", out)
+    expect("5 branches, 12 records in every branch (1 tasks)" in out, "the shape", out)
+    at = [h2o, branch(0.25), knorm]
+    rho_k = stats.spearman([sum(r["layer_rel_err"] for r in b) for b in at], [sum(r["score"] for r in b) for b in at])
+    expect(rho_k == -1.0 and f"| 0.25 | 3 | {rho_k:+.3f} |" in out, "the methods at kept 0.25 ranked by their error", out)
+    expect("| 0.5 | " not in out.split("across the methods")[1].split("within the branch")[0],
+           "a kept fraction with fewer than three methods has no row", out)
     e = stats.mean_se([r["layer_rel_err"] for r in branch(0.25)])[0]
     expect(f"| snapkv kept 0.25 | 12 | {e:.4f} | 66.7 | 100.0 | +33.3 |" in out, "snapkv 0.25's row", out)
-    expect("Spearman rho(mean layer_rel_err, mean score) = -1.000" in out, "rho -1 across branches", out)
+    means = {b: (sum(r["layer_rel_err"] for r in v), sum(r["score"] for r in v))
+             for b, v in {"s5": branch(0.5), "s25": branch(0.25), "s125": branch(0.125), "h": h2o, "k": knorm}.items()}
+    rho = stats.spearman([m[0] for m in means.values()], [m[1] for m in means.values()])
+    expect(f"Spearman rho(mean layer_rel_err, mean score) = {rho:+.3f}" in out, f"rho {rho:+.3f} across branches", out)
     b = branch(0.125)
     want = stats.spearman([r["layer_rel_err"] for r in b], [1.0 - r["score"] for r in b])
     expect(want > 0.8 and f"| snapkv kept 0.125 | {want:+.3f} |" in out, f"within-branch rho {want:+.3f}", out)
@@ -47,7 +59,7 @@ with tempfile.TemporaryDirectory() as d:
     got = {(r["branch"], r["statistic"]): float(r["value"]) for r in rows}
     expect(got[("snapkv kept 0.125", "within_rho_lo")] <= want <= got[("snapkv kept 0.125", "within_rho_hi")],
            "the within-branch interval contains rho", out)
-    expect(abs(got[("across branches", "spearman_rho")] + 1.0) < 1e-12, "--out: rho", out)
+    expect(abs(got[("across branches", "spearman_rho")] - rho) < 1e-12, "--out: rho", out)
     # a run made without --layer-error is refused, naming the flag
     plain = os.path.join(d, "plain")
     write_ruler_results(plain, "context", {("exact", None): [{"id": 0, "score": 1.0}],
