@@ -16,7 +16,8 @@ Prints, per (benchmark, length):
      then the same at each kept fraction across the methods (does the error rank the methods as
      their scores do, at equal memory?);
   3. within each branch: rho between a record's error and its score loss against the full cache
-     (exact's score - the branch's), over that branch's records, with the same bootstrap.
+     (exact's score - the branch's), over that branch's records, and the mean over tasks of each
+     task's rho (the pooled one also carries differences between tasks), with the same bootstrap.
 A negative rho in 2 (more error, lower score) is the prediction; rho is printed with its interval and
 nothing more is read from it. --out writes the numbers as long-format rows (one per statistic).
 """
@@ -122,19 +123,27 @@ def analyse(recs, n_boot, label, out_rows):
         out_rows += [(label, f"kept {kept:g}", "spearman_rho", rho_k), (label, f"kept {kept:g}", "rho_lo", lo_k),
                      (label, f"kept {kept:g}", "rho_hi", hi_k)]
     print()
-    print("| branch | rho(layer_rel_err, score loss) within the branch | 95% bootstrap |")
-    print("|---|---|---|")
+    print("| branch | rho(layer_rel_err, score loss) within the branch | 95% bootstrap | within each task (mean) | 95% bootstrap |")
+    print("|---|---|---|---|---|")
     for b in branches:
-        def within(sample, b=b):
-            keys = [k for ks in sample.values() for k in ks]
-            return stats.spearman([by[b][k]["layer_rel_err"] for k in keys],
-                                  [exact[k]["score"] - by[b][k]["score"] for k in keys])
-        rho_b = within(units)
-        lo_b, hi_b, dropped_b = boot_interval(units, within, n_boot)
-        note = " (no score loss varies)" if rho_b != rho_b else ""
-        print(f"| {b} | {rho_b:+.3f}{note} | [{lo_b:+.3f}, {hi_b:+.3f}] |")
+        def pairs(keys, b=b):
+            return ([by[b][k]["layer_rel_err"] for k in keys], [exact[k]["score"] - by[b][k]["score"] for k in keys])
+
+        def within(sample):
+            return stats.spearman(*pairs([k for ks in sample.values() for k in ks]))
+
+        def within_tasks(sample):
+            # the mean over tasks of each task's rho (tasks where neither side is constant): the
+            # pooled rho also carries differences between tasks, in error level and in difficulty
+            rhos = [r for ks in sample.values() if (r := stats.spearman(*pairs(ks))) == r]
+            return sum(rhos) / len(rhos) if rhos else float("nan")
+        rho_b, rho_t = within(units), within_tasks(units)
+        lo_b, hi_b, _ = boot_interval(units, within, n_boot)
+        lo_t, hi_t, _ = boot_interval(units, within_tasks, n_boot)
+        print(f"| {b} | {rho_b:+.3f} | [{lo_b:+.3f}, {hi_b:+.3f}] | {rho_t:+.3f} | [{lo_t:+.3f}, {hi_t:+.3f}] |")
         out_rows += [(label, b, "within_rho", rho_b), (label, b, "within_rho_lo", lo_b),
-                     (label, b, "within_rho_hi", hi_b)]
+                     (label, b, "within_rho_hi", hi_b), (label, b, "within_task_rho", rho_t),
+                     (label, b, "within_task_rho_lo", lo_t), (label, b, "within_task_rho_hi", hi_t)]
     print()
 
 

@@ -55,6 +55,8 @@ with tempfile.TemporaryDirectory() as d:
     b = branch(0.125)
     want = stats.spearman([r["layer_rel_err"] for r in b], [1.0 - r["score"] for r in b])
     expect(want > 0.8 and f"| snapkv kept 0.125 | {want:+.3f} |" in out, f"within-branch rho {want:+.3f}", out)
+    row = next(line for line in out.splitlines() if line.startswith("| snapkv kept 0.125 | ") and line.count("[") == 2)
+    expect(row.count(f"| {want:+.3f} | [") == 2, "one task: the mean of the per-task rho is the pooled rho", out)
     rows = list(csv.DictReader(open(os.path.join(d, "rows.csv"))))
     got = {(r["branch"], r["statistic"]): float(r["value"]) for r in rows}
     expect(got[("snapkv kept 0.125", "within_rho_lo")] <= want <= got[("snapkv kept 0.125", "within_rho_hi")],
