@@ -380,10 +380,11 @@ QuestionProbe probe_question(const Model& model, const Prefill& prefill, const s
   fo.tap = &tap;
   CompressedAttention full = compressed_once(model, prefill, exact);
   forward(model, at::tensor(tokens, at::kLong), p.pos0, full, fo);
-  for (int64_t l = 0; l < n_layers; ++l) {
-    CompressedAttention fresh = compressed_once(model, prefill, exact);  // the context alone again
+  // The exact outputs, from the context alone again: each layer attends once, and a layer's attend
+  // changes only that layer, so one fresh cache serves every layer.
+  CompressedAttention fresh = compressed_once(model, prefill, exact);
+  for (int64_t l = 0; l < n_layers; ++l)
     p.z.push_back(fresh.attend(int(l), p.q[l], p.k[l], p.v[l], p.pos0, model.config.layer_window(l)));  // [Hq, s, d]
-  }
   return p;
 }
 
