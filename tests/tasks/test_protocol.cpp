@@ -65,6 +65,19 @@ std::map<int64_t, double> kept_map(const json& head) {
   return out;
 }
 
+// Record "r0": a context of n_ctx ids (prompt_ids with `salt`), then an n_q-token question (salt + 1,
+// its BOS dropped); context_len marks the split.
+TaskRecord context_question_record(int64_t n_ctx, int64_t n_q, int64_t salt, int64_t max_new_tokens) {
+  TaskRecord rec;
+  rec.id = "r0";
+  rec.prompt = prompt_ids(n_ctx, salt);
+  const auto question = prompt_ids(n_q + 1, salt + 1);
+  rec.prompt.insert(rec.prompt.end(), question.begin() + 1, question.end());
+  rec.context_len = n_ctx;
+  rec.max_new_tokens = max_new_tokens;
+  return rec;
+}
+
 // A task whose records all score 0: the runs below look at outputs, entries and keys, not scores.
 TaskSpec unscored_task() {
   return {"synthetic", [](const std::string&, const json&) { return json{{"score", 0.0}}; }, {}};
@@ -301,14 +314,8 @@ TEST_CASE("--protocol context: the question goes through the compressed cache; e
   const int64_t n_ctx = 300, n_q = 20;
   // Salt 5: a case where the first answer token from 16 entries differs from the full cache's
   // (found by trying salts 3..29: 14 of 27 differ).
-  std::vector<int64_t> prompt = prompt_ids(n_ctx, 5);
-  const auto question = prompt_ids(n_q + 1, 6);
-  prompt.insert(prompt.end(), question.begin() + 1, question.end());
-  TaskRecord rec;
-  rec.id = "r0";
-  rec.prompt = prompt;
-  rec.context_len = n_ctx;
-  rec.max_new_tokens = 6;
+  const TaskRecord rec = context_question_record(n_ctx, n_q, 5, 6);
+  const std::vector<int64_t>& prompt = rec.prompt;
   const TaskSpec task = unscored_task();
   const MethodSpec exact = one("exact"), snap = one("snapkv", "paper");
   const Budget budget = Budget::of_entries(16);
@@ -384,14 +391,8 @@ TEST_CASE("--layer-error: a branch's single-layer error on the question equals a
   Model model = load_model(stories_dir());
   Tokenizer tok = load_model_tokenizer(resolve_model(stories_dir()));
   const int64_t n_ctx = 240, n_q = 12;
-  std::vector<int64_t> prompt = prompt_ids(n_ctx, 9);
-  const auto question = prompt_ids(n_q + 1, 10);
-  prompt.insert(prompt.end(), question.begin() + 1, question.end());
-  TaskRecord rec;
-  rec.id = "r0";
-  rec.prompt = prompt;
-  rec.context_len = n_ctx;
-  rec.max_new_tokens = 3;
+  const TaskRecord rec = context_question_record(n_ctx, n_q, 9, 3);
+  const std::vector<int64_t>& prompt = rec.prompt;
   std::vector<TaskBranch> branches = {{"exact", one("exact"), Budget::of_ratio(1.0)},
                                       {"snapkv", one("snapkv"), Budget::of_entries(20)},
                                       {"streaming_llm", one("streaming_llm"), Budget::of_entries(20)},
