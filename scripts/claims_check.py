@@ -253,14 +253,19 @@ def gate_block():
     print(f"  xsum geo-mean ROUGE of the full cache: {g:.2f} (R-1 {mean([100 * ex[k]['rouge1'] for k in ex]):.2f}); "
           f"gate {ref / 2:.2f} -> {'open' if g >= ref / 2 - 1e-9 else 'closed'} ({100 * g / ref:.0f}% of ~{ref}; {why})")
     for bench, task, length, xs, thr, why in rows:
-        m = mean(xs)
-        ci = stats.diff_interval(xs)
-        lo = ci.lo if ci.lo == ci.lo else m
-        flag = "  (the interval's lower bound is below 50)" if thr == 50.0 and m >= thr - 1e-9 and lo < 50.0 else ""
-        print(f"  {bench:<9} {task:<22} {str(length or ''):>5}  n={len(xs):>2}  full={m:6.1f}  lo={lo:6.1f}  "
-              f"threshold={thr:5.1f}  -> {'open' if m >= thr - 1e-9 else 'closed'}{flag}")
+        gate_row(bench, task, length, xs, thr)
     qwen_longbench_gate()
     print()
+
+
+def gate_row(bench, task, length, xs, thr):
+    """One line of the gate: the full cache's mean (x 100) on a task against its threshold."""
+    m = mean(xs)
+    ci = stats.diff_interval(xs)
+    lo = ci.lo if ci.lo == ci.lo else m
+    flag = "  (the interval's lower bound is below 50)" if thr == 50.0 and m >= thr - 1e-9 and lo < 50.0 else ""
+    print(f"  {bench:<9} {task:<22} {str(length or ''):>5}  n={len(xs):>2}  full={m:6.1f}  lo={lo:6.1f}  "
+          f"threshold={thr:5.1f}  -> {'open' if m >= thr - 1e-9 else 'closed'}{flag}")
 
 
 def qwen_longbench_gate():
@@ -274,12 +279,7 @@ def qwen_longbench_gate():
             cells[r["task"]].append(100.0 * r["score"])
     print(f"  -- Qwen2.5-Coder-0.5B-Instruct, LongBench, protocol whole ({os.path.basename(src)}):")
     for task, xs in sorted(cells.items()):
-        ref, _ = PAPER_FULL[("longbench", task)]
-        m = mean(xs)
-        ci = stats.diff_interval(xs)
-        lo = ci.lo if ci.lo == ci.lo else m
-        print(f"  {'longbench':<9} {task:<22} {'':>5}  n={len(xs):>2}  full={m:6.1f}  lo={lo:6.1f}  "
-              f"threshold={ref / 2:5.1f}  -> {'open' if m >= ref / 2 - 1e-9 else 'closed'}")
+        gate_row("longbench", task, None, xs, PAPER_FULL[("longbench", task)][0] / 2.0)
 
 
 def mean(xs):
@@ -366,11 +366,11 @@ def buzz_xsum_range():
                      for b in ("h2o", "streaming_llm")})
     for b, c in fam.items():
         show("BUZZ-T2a", f"buzz - {b} (geo-mean ROUGE, mean of 10-60%)", c, claim=claim[b])
-    buzz_xsum_h2o_split(br, ex, keys, claim["h2o"])
+    buzz_xsum_h2o_split(lin, ex, keys, claim["h2o"])
     print()
 
 
-def buzz_xsum_h2o_split(br, ex, keys, claim):
+def buzz_xsum_h2o_split(lin, ex, keys, claim):
     """The second look at BUZZ-T2a/F5: H2O as BUZZ's script configures it (heavy = T, recent = w;
     xsum.json step 6, h2o@buzzsplit), paired with step 5's buzz once both are complete (their full
     caches must agree). Printed beside the ledger's contrast, which keeps H2O as its paper runs it."""
@@ -382,8 +382,7 @@ def buzz_xsum_h2o_split(br, ex, keys, claim):
         if a not in ex2 or ex[a]["output"] != ex2[a]["output"]:
             raise SystemExit(f"claims_check: step 6's full cache differs from step 5's on {a}")
     kepts = XSUM_KEPTS
-    both = {**{("buzz", k): br[("buzz", k)] for k in kepts}, **alt}
-    lin = {mk: dict(zip(keys, geo_linearised([v[a] for a in keys]))) for mk, v in both.items()}
+    lin = {**lin, **{mk: dict(zip(keys, geo_linearised([v[a] for a in keys]))) for mk, v in alt.items()}}
     print("  -- H2O as BUZZ's script splits it (heavy = T, recent = w: recent_ratio 0.18; xsum.json step 6):")
     print(f"  {'h2o@buzzsplit':<14} " + "  ".join(f"{int(k * 100)}%: {geo_mean([alt[('h2o@buzzsplit', k)][a] for a in keys]):5.2f}"
                                              for k in kepts))
@@ -469,15 +468,8 @@ def chelsea_longbench_ablations(recs):
     (with outlier heads above without) on Qwen's LongBench run (configs/qwen/longbench.json step 5)."""
     print("== Chelsea Tables 4, 5, 11 on kvlab's LongBench subset (Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), stream) ==")
     paper_t4 = {"chelsea@c16": 41.83 - 42.54, "chelsea@c64": 42.68 - 42.54, "chelsea@cnone": 42.81 - 42.54}
-    fam = {}
-    for variant, claim in paper_t4.items():
-        groups = {}
-        for ds in LB3:
-            a = by_sample(recs, method=variant, task=ds)
-            b = by_sample(recs, method="chelsea", task=ds)
-            groups[ds] = [100.0 * (a[k]["score"] - b[k]["score"]) for k in aligned(a, b)]
-        fam[variant] = stratified(groups)
-    for variant, c in with_holm(fam).items():
+    fam = with_holm({v: longbench_family(recs, v, ["chelsea"], LB3)["chelsea"] for v in paper_t4})
+    for variant, c in fam.items():
         show("CHL-T4", f"{variant} - chelsea (chunk 256), avg of 3", c, claim=paper_t4[variant])
     fam = longbench_family(recs, "chelsea", ["chelsea@noout"], LB3)
     show("CHL-T5", "chelsea - chelsea@noout (avg of 3)", fam["chelsea@noout"], claim=38.97 - 36.46)
@@ -808,18 +800,18 @@ def buzz_xsum_ablations():
         show(row, f"{a} - {b}, mean of 10-60%",
              paired([sum(lin[(a, k)][x] - lin[(b, k)][x] for k in kepts) / len(kepts) for x in keys]), sign=+1)
 
+    def widening(row, a, b, name):
+        """"drops sharply / rapidly as the budget decreases": the gap at 10% minus the gap at 60%."""
+        show(row, f"({a} - {name}) at 10% minus at 60%",
+             paired([(lin[(a, 0.1)][x] - lin[(b, 0.1)][x]) - (lin[(a, 0.6)][x] - lin[(b, 0.6)][x]) for x in keys]),
+             sign=+1)
+
     over_budgets("BUZZ-F8a", "buzz", "buzz-swapped")
     family("BUZZ-F8a", [("buzz", "buzz-swapped")])
-    # "drops sharply as the budget decreases": the gap at 10% minus the gap at 60%
-    show("BUZZ-F8a", "(buzz - swapped) at 10% minus at 60%",
-         paired([(lin[("buzz", 0.1)][x] - lin[("buzz-swapped", 0.1)][x]) -
-                 (lin[("buzz", 0.6)][x] - lin[("buzz-swapped", 0.6)][x]) for x in keys]), sign=+1)
+    widening("BUZZ-F8a", "buzz", "buzz-swapped", "swapped")
     over_budgets("BUZZ-F8b", "buzz", "buzz-interval")
     family("BUZZ-F8b", [("buzz", "buzz-interval")])
-    # "dropping rapidly as the budget decreases": the same trend contrast
-    show("BUZZ-F8b", "(buzz - no local max) at 10% minus at 60%",
-         paired([(lin[("buzz", 0.1)][x] - lin[("buzz-interval", 0.1)][x]) -
-                 (lin[("buzz", 0.6)][x] - lin[("buzz-interval", 0.6)][x]) for x in keys]), sign=+1)
+    widening("BUZZ-F8b", "buzz", "buzz-interval", "no local max")
     print()
 
 

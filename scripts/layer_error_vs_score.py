@@ -33,13 +33,6 @@ from kvlab import results  # noqa: E402
 from kvlab import stats  # noqa: E402
 
 
-def quantile(sorted_xs, q):
-    """numpy.percentile's default (linear) interpolation over sorted values."""
-    h = (len(sorted_xs) - 1) * q
-    i = min(int(h), len(sorted_xs) - 2) if len(sorted_xs) > 1 else 0
-    return sorted_xs[i] + (h - i) * (sorted_xs[min(i + 1, len(sorted_xs) - 1)] - sorted_xs[i])
-
-
 def boot_interval(units, statistic, n_boot, seed=0):
     """Percentile interval of statistic(resampled units): units {stratum: [unit, ...]} resampled with
     replacement within each stratum; resamples where the statistic is nan (a constant side) are
@@ -53,7 +46,7 @@ def boot_interval(units, statistic, n_boot, seed=0):
     vals.sort()
     if len(vals) < 2:
         return float("nan"), float("nan"), n_boot - len(vals)
-    return quantile(vals, 0.025), quantile(vals, 0.975), n_boot - len(vals)
+    return stats.percentile(vals, 0.025), stats.percentile(vals, 0.975), n_boot - len(vals)
 
 
 def branch_name(r):
@@ -91,11 +84,14 @@ def analyse(recs, n_boot, label, out_rows):
         out_rows += [(label, b, "n", n), (label, b, "mean_layer_rel_err", e), (label, b, "mean_score", s),
                      (label, b, "full_cache_score", f)]
 
-    def across(sample):
-        keys = [k for ks in sample.values() for k in ks]
-        xs = [sum(by[b][k]["layer_rel_err"] for k in keys) / len(keys) for b in branches]
-        ys = [sum(by[b][k]["score"] for k in keys) / len(keys) for b in branches]
-        return stats.spearman(xs, ys)
+    def rho_of_means(bs):
+        """rho between the branches' mean error and mean score on a (resampled) set of records."""
+        def statistic(sample):
+            keys = [k for ks in sample.values() for k in ks]
+            return stats.spearman([sum(by[b][k]["layer_rel_err"] for k in keys) / len(keys) for b in bs],
+                                  [sum(by[b][k]["score"] for k in keys) / len(keys) for b in bs])
+        return statistic
+    across = rho_of_means(branches)
     rho = across(units)
     lo, hi, dropped = boot_interval(units, across, n_boot)
     print(f"\nAcross branches: Spearman rho(mean layer_rel_err, mean score) = {rho:+.3f} [{lo:+.3f}, {hi:+.3f}] "
@@ -112,11 +108,7 @@ def analyse(recs, n_boot, label, out_rows):
     for kept, bs in sorted(by_kept.items(), reverse=True):
         if len(bs) < 3:
             continue
-
-        def at_kept(sample, bs=bs):
-            keys = [k for ks in sample.values() for k in ks]
-            return stats.spearman([sum(by[b][k]["layer_rel_err"] for k in keys) for b in bs],
-                                  [sum(by[b][k]["score"] for k in keys) for b in bs])
+        at_kept = rho_of_means(bs)
         rho_k = at_kept(units)
         lo_k, hi_k, _ = boot_interval(units, at_kept, n_boot)
         print(f"| {kept:g} | {len(bs)} | {rho_k:+.3f} | [{lo_k:+.3f}, {hi_k:+.3f}] |")

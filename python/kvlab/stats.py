@@ -195,13 +195,18 @@ def bootstrap_interval(d, level=0.95, n_boot=10000, seed=0):
         raise ValueError("no data")
     rng, n = random.Random(seed), len(d)
     means = sorted(sum(rng.choices(d, k=n)) / n for _ in range(n_boot))
-
-    def quantile(q):
-        h = (n_boot - 1) * q
-        i = min(int(h), n_boot - 2) if n_boot > 1 else 0
-        return means[i] + (h - i) * (means[min(i + 1, n_boot - 1)] - means[i])
     sd = mean_se(means)[1] * math.sqrt(n_boot)
-    return Interval(math.fsum(d) / n, sd, quantile((1 - level) / 2), quantile((1 + level) / 2), _NAN, _NAN, n)
+    return Interval(math.fsum(d) / n, sd, percentile(means, (1 - level) / 2), percentile(means, (1 + level) / 2),
+                    _NAN, _NAN, n)
+
+
+def percentile(sorted_xs, q):
+    """The q-quantile (0 <= q <= 1) of sorted values, interpolated as numpy.percentile's default
+    (linear)."""
+    n = len(sorted_xs)
+    h = (n - 1) * q
+    i = min(int(h), n - 2) if n > 1 else 0
+    return sorted_xs[i] + (h - i) * (sorted_xs[min(i + 1, n - 1)] - sorted_xs[i])
 
 
 def ranks(xs):
