@@ -10,12 +10,16 @@ results/*/README.md link to its rows. This checks, in every such file:
     untestable; "hold"/"fail" as plurals);
   - the counts of verdicts (README's "five *hold* (CHL-F8, ...)", the ledger's own "Verdicts: holds 5
     (...)") equal the ledger's, and the ids listed with a count are the rows with that verdict.
+  - with --intervals, every "effect [low, high]" in a ledger row's effect cell is one that
+    scripts/claims_check.py prints (or its negation: "-rho" printed, "rho" written), so no interval
+    in the ledger is copied by hand or left behind by a rerun.
 Prints each disagreement as file:line and exits 1 when there is one.
 
-  python3 scripts/ledger_links.py [REPO]        # default: this checkout
+  python3 scripts/ledger_links.py [REPO] [--intervals]      # default: this checkout
 """
 import os
 import re
+import subprocess
 import sys
 
 VERDICTS = ("holds", "fails", "not separated", "untestable")
@@ -118,6 +122,28 @@ def check_counts(path, text, rows):
     return out
 
 
+NUM = r"([+-]?\d+(?:\.\d+)?)"
+INTERVAL = re.compile(NUM + r" \[" + NUM + ", " + NUM + r"\]")
+
+
+def check_intervals(ledger, printed):
+    """Ledger intervals that claims_check's output `printed` lacks, in either sign; and how many were read."""
+    minus = lambda t: t.replace("\u2212", "-")
+    neg = lambda x: x[1:] if x.startswith("-") else "-" + x.lstrip("+")
+    have = {tuple(float(v) for v in m.groups()) for m in INTERVAL.finditer(minus(printed))}
+    out, read = [], 0
+    for line in ledger.splitlines():
+        if not line.startswith("| <a id="):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for m in INTERVAL.finditer(minus(cells[7])):
+            read += 1
+            e, lo, hi = (float(v) for v in m.groups())
+            if (e, lo, hi) not in have and (-e, -hi, -lo) not in have:
+                out.append(f"docs/claims.md: row {cells[0].split('>')[-1]}: {m.group(0)} is not in claims_check.py's output")
+    return out, read
+
+
 def files(repo):
     yield "README.md"
     for name in sorted(os.listdir(os.path.join(repo, "docs"))):
@@ -131,7 +157,8 @@ def files(repo):
 
 
 def main(argv):
-    repo = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    args = [a for a in argv[1:] if a != "--intervals"]
+    repo = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     ledger = open(os.path.join(repo, "docs", "claims.md"), encoding="utf-8").read()
     rows, headings = ledger_rows(ledger), heading_anchors(ledger)
     problems, links, read = [], 0, 0
@@ -143,6 +170,14 @@ def main(argv):
         read += n
         if rel in ("README.md", os.path.join("docs", "claims.md")):
             problems += check_counts(rel, text, rows)
+    if "--intervals" in argv:
+        r = subprocess.run([sys.executable, os.path.join(repo, "scripts", "claims_check.py")],
+                           capture_output=True, text=True, cwd=repo)
+        if r.returncode != 0:
+            problems.append(f"scripts/claims_check.py failed: {r.stderr.strip()[-300:]}")
+        found, n = check_intervals(ledger, r.stdout)
+        problems += found
+        print(f"ledger_links: {n} intervals in the ledger's effect cells checked against claims_check.py's output")
     for p in problems:
         print(p)
     print(f"ledger_links: {len(rows)} rows, {links} links, {read} verdicts written after a link, "
