@@ -102,6 +102,8 @@ LONGBENCH_QWEN_GATE = R("longbench_qwen05_gate")
 LONGBENCH_QWEN_BKV = R("longbench_qwen05_balancekv_t1")
 # steps 3-5: Chelsea Table 2's family at B = 0.2 (n + new tokens); ClusterGen Table 3 at 2,048
 # entries; Chelsea's chunk and outlier-head ablations (None until run)
+# step 6 (v3): BalanceKV with its release's estimator on step 2's records (None until run)
+LONGBENCH_QWEN_BKV_RELEASE = R("longbench_qwen05_balancekv_release")
 LONGBENCH_QWEN_CHL = R("longbench_qwen05_chelsea_t2")
 LONGBENCH_QWEN_CG = R("longbench_qwen05_clustergen_t3")
 LONGBENCH_QWEN_CHL_ABL = R("longbench_qwen05_chelsea_ablations")
@@ -425,6 +427,19 @@ def balancekv_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, pa
     for base, c in fam.items():
         show("BKV-T1b", f"balancekv - {base} (multi_news)", c, claim=claims_sum[base])
     print()
+
+
+def balancekv_release_longbench(step2, step6):
+    """BKV-T1's second look: step 6's balancekv@release (the release's estimator) in place of step 2's
+    balancekv, against step 2's baselines on the same records; the two full caches must agree."""
+    ex2 = {(r["task"], r["sample"]): r["output"] for r in step2 if r["method"] == "exact"}
+    ex6 = {(r["task"], r["sample"]): r["output"] for r in step6 if r["method"] == "exact"}
+    if set(ex6) - set(ex2) or any(ex2[k] != v for k, v in ex6.items()):
+        raise SystemExit("claims_check: step 6's full cache differs from step 2's (or holds other records)")
+    rel = [dict(r, method="balancekv") for r in step6 if r["method"] == "balancekv@release"]
+    recs = [r for r in step2 if r["method"] != "balancekv" and (r["task"], r["sample"]) in ex6] + rel
+    balancekv_longbench(recs, f"Qwen2.5-Coder-0.5B, ratio 0.25, BalanceKV with its release's estimator "
+                              f"(step 6, {len(ex6)} records)")
 
 
 def chelsea_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, paper presets", snapkv="snapkv"):
@@ -1014,6 +1029,8 @@ def main():
     if os.path.exists(os.path.join(LONGBENCH_QWEN_BKV, "predictions.jsonl.gz")):
         balancekv_longbench(results.load(LONGBENCH_QWEN_BKV),
                             "Qwen2.5-Coder-0.5B, protocol whole, ratio 0.25 as the paper, paper presets")
+        if os.path.exists(os.path.join(LONGBENCH_QWEN_BKV_RELEASE, "predictions.jsonl.gz")):
+            balancekv_release_longbench(results.load(LONGBENCH_QWEN_BKV), results.load(LONGBENCH_QWEN_BKV_RELEASE))
     chelsea_longbench(lb)
     if os.path.exists(os.path.join(LONGBENCH_QWEN_CHL, "predictions.jsonl.gz")):
         chelsea_longbench(results.load(LONGBENCH_QWEN_CHL), "Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), "
