@@ -27,10 +27,17 @@ NUMBERS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty".split())}
 
+WRAP = re.compile(r"\s*\n\s*")  # a line break and the indentation around it, read as one space
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]*?)claims\.md#([a-z0-9-]+)\)")
 # a run of links joined by ", " / " and " / ", and " / ", " then ": verdict"
 GROUP = re.compile(r"(?:\[[^\]]+\]\([^)\s]*?claims\.md#[a-z0-9-]+\)\)?(?:,\s+(?:and\s+)?|\s+and\s+)?)+"
                    r":\s+\*?(holds?|fails?|not separated|untestable)\b")
+
+
+def flatten(text):
+    """The text with every line break (and the indentation around it) as one space: a list of links,
+    or a count with its ids, may wrap."""
+    return WRAP.sub(" ", text)
 
 
 def canonical(word):
@@ -45,7 +52,8 @@ def heading_anchors(text):
 
 
 def ledger_rows(text):
-    """{anchor: (id, verdict)} from the ledger's table rows: `| <a id="x"></a>ID | ... | verdict (...) | note |`."""
+    """{anchor: (id, verdict, effect cell)} from the ledger's table rows:
+    `| <a id="x"></a>ID | paper | table | claim | test | model | n | effect | MDE | verdict (...) | note |`."""
     rows = {}
     for line in text.splitlines():
         m = re.match(r'\|\s*<a id="([a-z0-9-]+)"></a>([^|]+?)\s*\|', line)
@@ -55,7 +63,7 @@ def ledger_rows(text):
         verdict = next((v for v in VERDICTS if cells[-2].startswith(v)), None)
         if verdict is None:
             raise SystemExit(f"ledger_links: row {m.group(2)}: verdict cell '{cells[-2][:40]}' starts with none of {VERDICTS}")
-        rows[m.group(1)] = (m.group(2), verdict)
+        rows[m.group(1)] = (m.group(2), verdict, cells[7])
     return rows
 
 
@@ -70,8 +78,7 @@ def check_links(path, text, rows, headings):
             out.append(f"{path}:{lineno(m.start())}: link to claims.md#{anchor}: no such row")
         elif re.fullmatch(r"[A-Z]+-[A-Za-z0-9/]+", label) and label != rows[anchor][0]:
             out.append(f"{path}:{lineno(m.start())}: link text {label} points at row {rows[anchor][0]}")
-    flat = re.sub(r"\s*\n\s*", " ", text)   # a group may wrap; positions below are in the flat text
-    for g in GROUP.finditer(flat):
+    for g in GROUP.finditer(flatten(text)):  # positions in the flattened text
         said = canonical(g.group(1))
         line = lineno(_unflatten(text, g.start()))
         for m in LINK.finditer(g.group(0)):
@@ -83,9 +90,9 @@ def check_links(path, text, rows, headings):
 
 
 def _unflatten(text, flat_pos):
-    """The position in `text` of position `flat_pos` of re.sub(r'\\s*\\n\\s*', ' ', text)."""
+    """The position in `text` of position `flat_pos` of flatten(text)."""
     pos = flat = 0
-    for m in re.finditer(r"\s*\n\s*", text):
+    for m in WRAP.finditer(text):
         if flat + (m.start() - pos) >= flat_pos:
             break
         flat += m.start() - pos + 1
@@ -97,7 +104,7 @@ def check_counts(path, text, rows):
     """README's "five *hold* (A, B), six *fail* (...)" and the ledger's "Verdicts: holds 5 (...)"."""
     out = []
     by_verdict = {v: sorted(r[0] for r in rows.values() if r[1] == v) for v in VERDICTS}
-    flat = re.sub(r"\s*\n\s*", " ", text)
+    flat = flatten(text)
     patterns = [  # README: number word, *verdict*, optional (ids); ledger: verdict, digits, optional (ids)
         re.compile(r"\b(" + "|".join(NUMBERS) + r"|\d+) \*(hold|fail|not separated|untestable)\*(?: \(([^()]*)\))?"),
         re.compile(r"\b(holds|fails|not separated|untestable) (\d+)(?: \(((?:[^()]|\([^()]*\))*)\))?"),
@@ -126,21 +133,18 @@ NUM = r"([+-]?\d+(?:\.\d+)?)"
 INTERVAL = re.compile(NUM + r" \[" + NUM + ", " + NUM + r"\]")
 
 
-def check_intervals(ledger, printed):
-    """Ledger intervals that claims_check's output `printed` lacks, in either sign; and how many were read."""
+def check_intervals(rows, printed):
+    """Intervals in the rows' effect cells that claims_check's output `printed` lacks, in either sign;
+    and how many were read."""
     minus = lambda t: t.replace("\u2212", "-")
-    neg = lambda x: x[1:] if x.startswith("-") else "-" + x.lstrip("+")
     have = {tuple(float(v) for v in m.groups()) for m in INTERVAL.finditer(minus(printed))}
     out, read = [], 0
-    for line in ledger.splitlines():
-        if not line.startswith("| <a id="):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        for m in INTERVAL.finditer(minus(cells[7])):
+    for row_id, _, effect in rows.values():
+        for m in INTERVAL.finditer(minus(effect)):
             read += 1
             e, lo, hi = (float(v) for v in m.groups())
             if (e, lo, hi) not in have and (-e, -hi, -lo) not in have:
-                out.append(f"docs/claims.md: row {cells[0].split('>')[-1]}: {m.group(0)} is not in claims_check.py's output")
+                out.append(f"docs/claims.md: row {row_id}: {m.group(0)} is not in claims_check.py's output")
     return out, read
 
 
@@ -175,7 +179,7 @@ def main(argv):
                            capture_output=True, text=True, cwd=repo)
         if r.returncode != 0:
             problems.append(f"scripts/claims_check.py failed: {r.stderr.strip()[-300:]}")
-        found, n = check_intervals(ledger, r.stdout)
+        found, n = check_intervals(rows, r.stdout)
         problems += found
         print(f"ledger_links: {n} intervals in the ledger's effect cells checked against claims_check.py's output")
     for p in problems:

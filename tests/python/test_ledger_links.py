@@ -90,11 +90,11 @@ check("a verdict after a wrapped line and a closing parenthesis", rc == 1 and "r
 
 # intervals: the ledger's against what claims_check prints (the same numbers, either sign)
 printed = "  P-T1  a - b  +1.00 [+0.50, +1.50]  n=10\n  P-T2  -rho  +1.00 [+0.50, +1.50]\n  P-F1  +0.10 [-0.50, +0.70]\n"
-found, n = ledger_links.check_intervals(LEDGER, printed)
+found, n = ledger_links.check_intervals(ledger_links.ledger_rows(LEDGER), printed)
 check("every ledger interval printed (P-T2's as its negation)", found == [] and n == 3, found)
-found, n = ledger_links.check_intervals(LEDGER.replace("+0.1 [−0.5, +0.7]", "+0.1 [−0.6, +0.7]"), printed)
+found, n = ledger_links.check_intervals(ledger_links.ledger_rows(LEDGER.replace("+0.1 [−0.5, +0.7]", "+0.1 [−0.6, +0.7]")), printed)
 check("an interval claims_check does not print", len(found) == 1 and "row P-F1: +0.1 [-0.6, +0.7]" in found[0], found)
-found, n = ledger_links.check_intervals(LEDGER.replace("−1 [−1.5, −0.5]", "+1 [+0.5, +1.5] and −1 [−1.5, −0.6]"), printed)
+found, n = ledger_links.check_intervals(ledger_links.ledger_rows(LEDGER.replace("−1 [−1.5, −0.5]", "+1 [+0.5, +1.5] and −1 [−1.5, −0.6]")), printed)
 check("a negation matches only as a whole", len(found) == 1 and "row P-T2" in found[0], found)
 
 # this checkout, intervals included (runs claims_check.py)
