@@ -420,7 +420,7 @@ TEST_CASE("model_config: non-positive, non-integer and huge sizes are errors nam
                        doctest::Contains("x.gguf: key 'llama.block_count' = 2147483647 is out of range"), Error);
 }
 
-TEST_CASE("model_config: rms_norm_eps outside (0, 1) and rope_theta <= 0 or not finite name the key (issue 50)") {
+TEST_CASE("model_config: rms_norm_eps outside (0, 1) and rope_theta below 1 or not finite name the key (issue 50)") {
   // Before: rms_norm_eps 2 loaded, and generate printed <unk> with exit 0.
   nlohmann::json base = {{"model_type", "llama"},     {"hidden_size", 64},
                          {"num_hidden_layers", 2},    {"num_attention_heads", 4},
@@ -435,8 +435,10 @@ TEST_CASE("model_config: rms_norm_eps outside (0, 1) and rope_theta <= 0 or not 
   };
   for (double eps : {1.0, 2.0, 0.0, -1e-6})
     fails("rms_norm_eps", eps, "cfg.json: key 'rms_norm_eps' must be in (0, 1), found");
-  for (double theta : {0.0, -1.0, std::numeric_limits<double>::infinity()})
-    fails("rope_theta", theta, "cfg.json: key 'rope_theta' must be a finite number > 0, found");
+  // 1e-300 and 0.5 were accepted: 1e-300's float32 frequencies overflow to inf (cos/sin NaN).
+  for (double theta : {0.0, -1.0, std::numeric_limits<double>::infinity(), 1e-300, 0.5})
+    fails("rope_theta", theta, "cfg.json: key 'rope_theta' must be a finite number >= 1, found");
+  CHECK(model_config_from_hf([&] { auto ok = base; ok["rope_theta"] = 1.0; return ok; }(), "cfg.json").rope_theta == 1.0);
   // A context claim past any model's: 2^63-1 was accepted (then a RULER length checked against it).
   {
     nlohmann::json bad = base;

@@ -78,9 +78,12 @@ double norm_eps(const json& j, const std::string& key, double fallback, const st
   KVLAB_CHECK(v > 0 && v < 1, "{}: key '{}' must be in (0, 1), found {}", source, key, v);
   return v;
 }
+// A RoPE base below 1 turns the frequency ladder upside down (no model has one), and a tiny one
+// overflows it: rope_theta 1e-300 made float32 frequencies of inf, so cos/sin NaN and generate
+// printed <unk> with exit 0 (issue 50). Bases of 1 and above give frequencies in (0, 1].
 double rope_base(const json& j, const std::string& key, double fallback, const std::string& source) {
   const double v = get_or<double>(j, key, fallback, source);
-  KVLAB_CHECK(std::isfinite(v) && v > 0, "{}: key '{}' must be a finite number > 0, found {}", source, key, v);
+  KVLAB_CHECK(std::isfinite(v) && v >= 1, "{}: key '{}' must be a finite number >= 1, found {}", source, key, v);
   return v;
 }
 
@@ -163,7 +166,7 @@ void ModelConfig::validate(const std::string& source) const {
   KVLAB_CHECK(head_dim % 2 == 0, "{}: head_dim must be even for RoPE, found {}", source, head_dim);
   KVLAB_CHECK(rms_norm_eps > 0 && rms_norm_eps < 1, "{}: rms_norm_eps must be in (0, 1), found {}", source,
               rms_norm_eps);
-  KVLAB_CHECK(std::isfinite(rope_theta) && rope_theta > 0, "{}: rope_theta must be a finite number > 0, found {}",
+  KVLAB_CHECK(std::isfinite(rope_theta) && rope_theta >= 1, "{}: rope_theta must be a finite number >= 1, found {}",
               source, rope_theta);
 }
 
