@@ -447,3 +447,41 @@ TEST_CASE("counted whole without exact parts, a ratio reaches the method as a ra
   CHECK(kept(4) == 4 + 7 * 31 + 28);  // 4 exact; chunks of 128 x 7 and 117: floor(len * 250 / 1013)
 }
 
+
+TEST_CASE("decode rule compress:32 holds every branch within 1% of its budget at every step (issue 53)") {
+  // Issue 53's done-when: entries within 1% of the budget at every step of a 256-token generation.
+  // Under the rule (kvpress's DecodingPress) a branch holds its target M right after each
+  // compression and grows by one entry a token until the next, so it stays in [M, M + N]: within 1%
+  // once M >= 100 N. Here M = 3,200 entries, N = 32, a 3,300-token prompt on the tiny qwen2
+  // (random weights; the kvpress comparison at smaller budgets is test_kvpress_golden's).
+  c10::InferenceMode guard;
+  Model model = load_model(test::fixtures_dir() + "/tiny_models/qwen2");
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 3300; ++i) prompt.push_back(3 + (i * 37 + i / 7) % (model.config.vocab_size - 3));
+  const Prefill pre = run_prefill(model, prompt, 64);
+  const int64_t M = 3200, N = 32;
+  std::vector<BranchSpec> specs;
+  std::vector<BranchOptions> opts;
+  for (const char* name : {"snapkv", "knorm", "keydiff", "tova", "lagkv"}) {
+    BranchSpec s{method(name), Budget::of_entries(M)};
+    s.decoding.every = N;
+    specs.push_back(s);
+    BranchOptions o;
+    o.max_new_tokens = 256;
+    o.stop_at_eos = false;
+    opts.push_back(o);
+  }
+  const auto got = run_branches(model, pre, specs, opts);
+  REQUIRE(got.size() == specs.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(specs[i].method.name);
+    CHECK(got[i].ids.size() == 256);
+    CHECK(got[i].entries_start == doctest::Approx(double(M)));  // the prefill's compression lands on M
+    CHECK(got[i].entries_peak == doctest::Approx(double(M + N)));  // the most just before a compression
+    CHECK(got[i].entries_peak <= 1.01 * double(M));
+    CHECK(got[i].entries_mean == doctest::Approx(got[0].entries_mean));  // equal memory at every step
+  }
+  // Without the rule a prefill-only method keeps every decoded token: 8% over after 256.
+  const BranchResult plain = run_branch(model, pre, BranchSpec{method("snapkv"), Budget::of_entries(M)}, opts[0]);
+  CHECK(plain.entries_peak > 1.01 * double(M));
+}
