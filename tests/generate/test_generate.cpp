@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "kvlab/attention/exact_cache.h"
 #include "kvlab/attention/rope.h"
@@ -484,4 +485,23 @@ TEST_CASE("decode rule compress:32 holds every branch within 1% of its budget at
   // Without the rule a prefill-only method keeps every decoded token: 8% over after 256.
   const BranchResult plain = run_branch(model, pre, BranchSpec{method("snapkv"), Budget::of_entries(M)}, opts[0]);
   CHECK(plain.entries_peak > 1.01 * double(M));
+}
+
+TEST_CASE("non-finite logits stop a branch with an error naming the method and the step (issue 50)") {
+  // Before: argmax over NaN logits picked a token, and a model whose forward overflowed decoded
+  // <unk><unk>... with exit 0. The prefill's last logits stand in for an overflowed forward.
+  c10::InferenceMode guard;
+  Model model = load_model(test::fixtures_dir() + "/tiny_models/qwen2");
+  std::vector<int64_t> prompt;
+  for (int64_t i = 0; i < 40; ++i) prompt.push_back(3 + (i * 13) % 90);
+  Prefill pre = run_prefill(model, prompt, 8);
+  BranchOptions o;
+  o.max_new_tokens = 4;
+  CHECK(run_branch(model, pre, BranchSpec{method("knorm"), Budget::of_ratio(0.5)}, o).ids.size() == 4);
+  pre.last_logits = pre.last_logits.clone();
+  pre.last_logits[5] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH_AS(run_branch(model, pre, BranchSpec{method("knorm"), Budget::of_ratio(0.5)}, o),
+                       doctest::Contains("knorm: the logits of decoded token 0 are not finite (1 of 97 values)"), Error);
+  CHECK_THROWS_WITH_AS(run_branches(model, pre, {BranchSpec{method("exact"), Budget::of_ratio(1.0)}}, {o}),
+                       doctest::Contains("exact: the logits of decoded token 0 are not finite"), Error);
 }

@@ -196,7 +196,8 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
 class BranchRun {
  public:
   BranchRun(const Model& model, const Prefill& prefill, const BranchSpec& spec, const BranchOptions& opt)
-      : model_(model), opt_(opt), attn_(compress_branch(model, prefill, spec, &r_.compress_ms, &r_.reconstruction_seconds)) {
+      : model_(model), opt_(opt), label_(spec.method.label()),
+        attn_(compress_branch(model, prefill, spec, &r_.compress_ms, &r_.reconstruction_seconds)) {
     r_.kv_bytes = attn_.bytes();
     r_.kv_bytes_window = attn_.window_bytes();
     r_.entries_start = attn_.live_entries();
@@ -222,7 +223,7 @@ class BranchRun {
   bool choose() {
     if (step_ >= opt_.max_new_tokens) return false;
     if (opt_.on_logits) opt_.on_logits(step_, logits_);
-    const int64_t next = logits_.argmax().item<int64_t>();
+    const int64_t next = greedy_choice(logits_, step_, label_);
     r_.ids.push_back(next);
     if (opt_.on_token) opt_.on_token(next);
     ++step_;
@@ -248,6 +249,7 @@ class BranchRun {
  private:
   const Model& model_;
   const BranchOptions& opt_;
+  std::string label_;  // the method's label, for errors
   BranchResult r_;
   CompressedAttention attn_;
   at::Tensor logits_;  // [vocab] the logits the next token is chosen from

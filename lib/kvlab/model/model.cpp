@@ -160,6 +160,17 @@ at::Tensor forward_batch(const Model& model, const at::Tensor& tokens, int64_t p
   return forward_rows(model, ids, tokens.size(0), tokens.size(1), pos0, attns, opt);
 }
 
+int64_t greedy_choice(const at::Tensor& logits, int64_t step, const std::string& who) {
+  const at::Tensor finite = at::isfinite(logits);  // [vocab]
+  if (!finite.all().item<bool>()) {
+    const int64_t bad = logits.numel() - finite.sum().item<int64_t>();
+    KVLAB_FAIL("{}: the logits of decoded token {} are not finite ({} of {} values): the forward pass "
+               "overflowed (a weight, a config value or a compressed cache out of range)",
+               who, step, bad, logits.numel());
+  }
+  return logits.argmax().item<int64_t>();
+}
+
 std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64_t>& prompt,
                                      AttentionBackend& attn, const GenerateOptions& opt) {
   c10::InferenceMode guard;
@@ -172,7 +183,7 @@ std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64
     at::Tensor logits = forward(model, tokens, pos, attn).select(0, 0);  // [vocab]
     pos += tokens.numel();
     if (opt.on_logits) opt.on_logits(step, logits);
-    const int64_t next = logits.argmax().item<int64_t>();
+    const int64_t next = greedy_choice(logits, step, "generate");
     out.push_back(next);
     if (opt.on_token) opt.on_token(next);
     const auto& eos = model.config.eos_token_ids;

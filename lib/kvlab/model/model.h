@@ -161,6 +161,11 @@ struct GenerateOptions {
 std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64_t>& prompt,
                                      AttentionBackend& attn, const GenerateOptions& opt = {});
 
+// The greedy choice from logits [vocab], refusing non-finite logits (issue 50: argmax over NaN
+// picked a token and a run printed <unk>... with exit 0). `who` names the run in the error
+// ("generate", a method's label); step: the decoded token's index.
+int64_t greedy_choice(const at::Tensor& logits, int64_t step, const std::string& who);
+
 // Number of parameters (for logs).
 int64_t n_parameters(const Model& model);
 
