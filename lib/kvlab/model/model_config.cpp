@@ -298,7 +298,6 @@ ModelConfig model_config_from_hf(const nlohmann::json& cfg, const std::string& s
                     source, local.dump());
       }
     }
-    KVLAB_CHECK(c.rope_local_theta > 0, "{}: rope_local_base_freq must be > 0, found {}", source, c.rope_local_theta);
     c.query_pre_attn_scalar = get_or<double>(cfg, "query_pre_attn_scalar", 256.0, source);
     KVLAB_CHECK(c.query_pre_attn_scalar > 0, "{}: query_pre_attn_scalar must be > 0, found {}", source,
                 c.query_pre_attn_scalar);
