@@ -107,6 +107,8 @@ LONGBENCH_QWEN_BKV_RELEASE = R("longbench_qwen05_balancekv_release")
 LONGBENCH_QWEN_CHL = R("longbench_qwen05_chelsea_t2")
 LONGBENCH_QWEN_CG = R("longbench_qwen05_clustergen_t3")
 LONGBENCH_QWEN_CHL_ABL = R("longbench_qwen05_chelsea_ablations")
+# step 7 (v4): Chelsea at the paper's Qwen2 r schedule on step 3's records (None until run)
+LONGBENCH_QWEN_CHL_QWEN2 = R("longbench_qwen05_chelsea_qwen2")
 # configs/qwen/longeval.json v2 steps 1-3, one results folder each: (lines, kept fraction, folder)
 LONGEVAL_QWEN = [(200, 0.643, R("longeval_qwen15_paper_200")), (300, 0.577, R("longeval_qwen15_paper_300")),
                  (400, 0.49, R("longeval_qwen15_paper_400"))]
@@ -471,6 +473,19 @@ def chelsea_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, pape
     print()
 
 
+def chelsea_qwen2_longbench(step3, step7):
+    """CHL-T2's second look: step 7's chelsea@qwen2 (the paper's r schedule for Qwen2) in place of step 3's
+    chelsea (Llama-2's schedule), against step 3's baselines on the same records; the full caches must agree."""
+    ex3 = {(r["task"], r["sample"]): r["output"] for r in step3 if r["method"] == "exact"}
+    ex7 = {(r["task"], r["sample"]): r["output"] for r in step7 if r["method"] == "exact"}
+    if set(ex7) - set(ex3) or any(ex3[k] != v for k, v in ex7.items()):
+        raise SystemExit("claims_check: step 7's full cache differs from step 3's (or holds other records)")
+    q2 = [dict(r, method="chelsea") for r in step7 if r["method"] == "chelsea@qwen2"]
+    recs = [r for r in step3 if r["method"] != "chelsea" and (r["task"], r["sample"]) in ex7] + q2
+    chelsea_longbench(recs, f"Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), decode stream, SnapKV window 100, "
+                            f"Chelsea at the Qwen2 r schedule (step 7, {len(ex7)} records)", snapkv="snapkv@w100")
+
+
 def clustergen_longbench(recs, title="SmolLM2-135M; fixed 2k budget not run: ratio 0.2, whole"):
     print(f"== ClusterGen Table 3: multifieldqa_zh, the single-document QA set here ({title}) ==")
     fam = longbench_family(recs, "clustergen", ["streaming_llm"], ["multifieldqa_zh"])
@@ -483,6 +498,8 @@ def chelsea_longbench_ablations(recs):
     (with outlier heads above without) on Qwen's LongBench run (configs/qwen/longbench.json step 5)."""
     print("== Chelsea Tables 4, 5, 11 on kvlab's LongBench subset (Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), stream) ==")
     paper_t4 = {"chelsea@c16": 41.83 - 42.54, "chelsea@c64": 42.68 - 42.54, "chelsea@cnone": 42.81 - 42.54}
+    # step 5 (version 4) runs every variant at the Qwen2 r schedule; its reference branch is chelsea@qwen2
+    recs = [dict(r, method="chelsea") if r["method"] == "chelsea@qwen2" else r for r in recs]
     fam = with_holm({v: longbench_family(recs, v, ["chelsea"], LB3)["chelsea"] for v in paper_t4})
     for variant, c in fam.items():
         show("CHL-T4", f"{variant} - chelsea (chunk 256), avg of 3", c, claim=paper_t4[variant])
@@ -1035,6 +1052,8 @@ def main():
     if os.path.exists(os.path.join(LONGBENCH_QWEN_CHL, "predictions.jsonl.gz")):
         chelsea_longbench(results.load(LONGBENCH_QWEN_CHL), "Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), "
                           "decode stream, SnapKV window 100", snapkv="snapkv@w100")
+        if os.path.exists(os.path.join(LONGBENCH_QWEN_CHL_QWEN2, "predictions.jsonl.gz")):
+            chelsea_qwen2_longbench(results.load(LONGBENCH_QWEN_CHL), results.load(LONGBENCH_QWEN_CHL_QWEN2))
     clustergen_longbench(lb)
     if os.path.exists(os.path.join(LONGBENCH_QWEN_CG, "predictions.jsonl.gz")):
         clustergen_longbench(results.load(LONGBENCH_QWEN_CG), "Qwen2.5-Coder-0.5B, the paper's fixed 2,048 entries, whole")
