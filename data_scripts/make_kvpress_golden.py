@@ -16,8 +16,8 @@ Pinned versions (a separate venv, so that kvpress's transformers pin does not to
 Usage:
   nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvpress_golden.py [--gguf PATH] [--out FILE]
   ... --only CURPress    (a press added later: run alone, added to smollm2_added.json, which has
-                          the same header; CURPress, ChunkKVPress(...) and ChunkPress(...) were
-                          added so)
+                          the same header; CURPress, ChunkKVPress(...), ChunkPress(...) and
+                          CapPress were added so)
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -112,7 +112,8 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
 # keeps the main file under 2 MiB; a run without --only leaves them out.
-ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)"}
+ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)",
+         "CapPress"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -205,6 +206,9 @@ def make_configs(kvpress):
         cfgs.append(("ChunkKVPress(SnapKVPress)",
                      lambda r: kvpress.ChunkKVPress(press=kvpress.SnapKVPress(
                          compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    if hasattr(kvpress, "CapPress"):
+        # kvpress's defaults (tau 5, 512 future positions, 4 sinks, epsilon 1e-6); kvlab: capkv.
+        cfgs.append(("CapPress", lambda r: kvpress.CapPress(compression_ratio=r), "sdpa"))
     return cfgs
 
 

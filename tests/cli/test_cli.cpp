@@ -455,7 +455,7 @@ TEST_CASE("cli: bench compress runs its default --method all, on the synthetic c
     auto j = read_json_file(dir + "/b.json");
     std::set<std::string> seen;
     for (const auto& row : j["rows"]) seen.insert(row["method"].get<std::string>());
-    for (const std::string m : {"expected_attention", "compactor", "snapkv", "chelsea"}) CHECK(seen.count(m) == 1);
+    for (const std::string m : {"expected_attention", "capkv", "compactor", "snapkv", "chelsea"}) CHECK(seen.count(m) == 1);
     CHECK(seen.count("kvzip") == 0);  // needs the model: left out of `all` in a bench without one
   }
 }

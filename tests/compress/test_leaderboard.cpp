@@ -419,6 +419,104 @@ TEST_CASE("expected_attention keeps the keys of highest expected attention under
   }
 }
 
+// capkv's scores by loops (kvpress CapPress): the mean pre-RoPE query past the sinks, moved by the
+// average rotation of the next F positions and unit-normalised; w_j = exp(τ cos(k_j, anchor) − max);
+// A = I + Σ_j (w_j + ε) v_j v_jᵀ solved by Gaussian elimination; s_j = w_j v_jᵀ A⁻¹ v_j, averaged
+// over the group's query heads; sinks +inf.
+std::vector<std::vector<double>> naive_capkv(const LayerKV& kv, int64_t n_sink, int64_t future, double tau, double eps) {
+  const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0);
+  const int64_t g = h_q / h_kv, half = d / 2, n_obs = kv.queries.size(1);
+  auto Q = kv.queries.accessor<double, 3>();
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  auto qp = kv.query_pos.accessor<int64_t, 1>();
+  std::vector<double> freq(half), cbar(half, 0.0), sbar(half, 0.0);
+  for (int64_t i = 0; i < half; ++i) freq[i] = 1.0 / std::pow(10000.0, double(2 * i) / double(d));
+  for (int64_t t = qp[n_obs - 1] + 1; t < qp[n_obs - 1] + 1 + future; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(t) * static_cast<float>(freq[i]);
+      cbar[i] += std::cos(double(a)) / future, sbar[i] += std::sin(double(a)) / future;
+    }
+  std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, 0.0));
+  for (int64_t hq = 0; hq < h_q; ++hq) {
+    std::vector<double> mu(d, 0.0);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n_obs; ++j) {
+      if (qp[j] < n_sink) continue;
+      ++m;
+      for (int64_t i = 0; i < half; ++i) {  // un-rotate lanes i, i + d/2 by position qp[j]
+        const float a = static_cast<float>(qp[j]) * static_cast<float>(freq[i]);
+        const double c = std::cos(double(a)), s = std::sin(double(a));
+        mu[i] += Q[hq][j][i] * c + Q[hq][j][i + half] * s;
+        mu[i + half] += Q[hq][j][i + half] * c - Q[hq][j][i] * s;
+      }
+    }
+    std::vector<double> an(d);
+    double an_norm = 0;
+    for (int64_t i = 0; i < half; ++i) {
+      an[i] = (cbar[i] * mu[i] - sbar[i] * mu[i + half]) / m;
+      an[i + half] = (cbar[i] * mu[i + half] + sbar[i] * mu[i]) / m;
+    }
+    for (double x : an) an_norm += x * x;
+    const int64_t kh = hq / g;
+    std::vector<double> w(n, 0.0);
+    double mx = -INFINITY;
+    for (int64_t j = n_sink; j < n; ++j) {
+      double dot = 0, kn = 0;
+      for (int64_t a = 0; a < d; ++a) dot += K[kh][j][a] * an[a], kn += K[kh][j][a] * K[kh][j][a];
+      w[j] = tau * std::clamp(dot / std::sqrt(kn * an_norm), -1.0, 1.0);
+      mx = std::max(mx, w[j]);
+    }
+    for (int64_t j = n_sink; j < n; ++j) w[j] = std::exp(w[j] - mx);
+    for (int64_t j = n_sink; j < n; ++j) {
+      // Solve A x = v_j: A = I + Σ (w + ε) v vᵀ, by Gaussian elimination with partial pivoting.
+      std::vector<std::vector<double>> a(d, std::vector<double>(d + 1, 0.0));
+      for (int64_t r = 0; r < d; ++r) {
+        a[r][r] = 1.0;
+        for (int64_t t = n_sink; t < n; ++t)
+          for (int64_t c = 0; c < d; ++c) a[r][c] += (w[t] + eps) * V[kh][t][r] * V[kh][t][c];
+        a[r][d] = V[kh][j][r];
+      }
+      for (int64_t c = 0; c < d; ++c) {
+        int64_t piv = c;
+        for (int64_t r = c + 1; r < d; ++r)
+          if (std::abs(a[r][c]) > std::abs(a[piv][c])) piv = r;
+        std::swap(a[c], a[piv]);
+        for (int64_t r = 0; r < d; ++r) {
+          if (r == c) continue;
+          const double f = a[r][c] / a[c][c];
+          for (int64_t k = c; k <= d; ++k) a[r][k] -= f * a[c][k];
+        }
+      }
+      double lev = 0;
+      for (int64_t r = 0; r < d; ++r) lev += V[kh][j][r] * a[r][d] / a[r][r];
+      out[kh][j] += w[j] * lev / double(g);
+    }
+  }
+  for (int64_t h = 0; h < h_kv; ++h)
+    for (int64_t j = 0; j < n_sink && j < n; ++j) out[h][j] = INFINITY;
+  return out;
+}
+
+TEST_CASE("capkv keeps the entries of highest query-weighted value leverage (naive loop, kvpress CapPress)") {
+  auto kv = random_region(40, 40, 2, 2, 8, 43);  // 4 query heads on 2 KV heads
+  kv.context.provide(inputs::rope_inv_freq, rope_inv_freq(10000.0, 8, RopeScaling{}));
+  auto c = make_compressor("capkv", {{"n_future_positions", 16}, {"n_sink", 3}, {"tau", 2.5}});
+  const auto want = naive_capkv(kv, 3, 16, 2.5, 1e-6);
+  auto mine = c->keep_scores(kv, CompressOptions());  // [Hkv, n]
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < 40; ++j) {
+      INFO("head " << h << " position " << j);
+      if (j < 3) CHECK(std::isinf(mine[h][j].item<double>()));
+      else CHECK(mine[h][j].item<double>() == doctest::Approx(want[h][j]).epsilon(1e-6));
+    }
+  for (int64_t b : {int64_t(5), int64_t(20)}) {
+    auto out = c->compress(kv, entries(b));
+    for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(want[h], b));
+  }
+  CHECK_THROWS_WITH_AS(make_compressor("capkv", {{"tau", -1.0}}), doctest::Contains("capkv: parameter 'tau'"), Error);
+}
+
 TEST_CASE("a wrapper composes with a scorer by name: adakv:knorm is adakv with scorer=knorm; its paper preset is the scorer's") {
   auto kv = random_region(30, 2, 2, 1, 4, 9);
   auto a = make_compressor("adakv:knorm", nlohmann::json::object())->compress(kv, entries(8));

@@ -19,6 +19,7 @@
 //   AdaKVPress(SnapKVPress(32,5)) adakv scorer=snapkv window=32 kernel=5 pooling=avg
 //                                 (alpha_safeguard 0.2 both; heads keep different counts)
 //   ExpectedAttentionPress        expected_attention (the same five parameters)
+//   CapPress                      capkv (the same four parameters: tau, n_future_positions, n_sink, epsilon)
 //   SnapKVPress(window 32, k 5)   snapkv window=32 kernel=5 pooling=avg (kvlab's default is max-pool
 //                                 k7, SnapKV's LongBench config: a documented difference)
 //   ObservedAttentionPress        h2o h2o_queries=all h2o_normalize=true recent=0
@@ -35,9 +36,9 @@
 // kvlab's kept positions equal kvpress's outside the tie band, on every layer and KV head, and its
 // greedy ids (first token from the exact prefill, then decoding through the cache with the decoded
 // tokens appended, as kvpress's pipeline) are equal where no head has a tie band. Presses kvlab does
-// not have yet are listed and skipped. The scores of knorm, keydiff, lagkv and expected_attention
-// are compared too, on layers 0, 14 and 29, at rtol 1e-5 (expected_attention past its 4 sinks,
-// which kvpress scores max + 1 and kvlab +inf), and compactor's z-scores to an absolute 5e-4. On these short
+// not have yet are listed and skipped. The scores of knorm, keydiff, lagkv, expected_attention and
+// capkv are compared too, on layers 0, 14 and 29, at rtol 1e-5 (expected_attention and capkv past
+// their 4 sinks, which kvpress scores max + 1 and kvlab +inf; their rtol below), and compactor's z-scores to an absolute 5e-4. On these short
 // prompts (317 and 421 tokens) LagKV scores one or two partitions of 128 and keeps its sinks and
 // tail at score 1, so most of its kept sets are ties at the cut: its scores are the real check.
 #include <ATen/ATen.h>
@@ -138,6 +139,9 @@ std::pair<std::string, json> kvlab_method(const json& config) {
     return {"expected_attention", {{"n_future_positions", p["n_future_positions"]}, {"n_sink", p["n_sink"]},
                                    {"use_covariance", p["use_covariance"]}, {"use_vnorm", p["use_vnorm"]},
                                    {"epsilon", p["epsilon"]}}};
+  if (press == "CapPress")
+    return {"capkv", {{"tau", p["tau"]}, {"n_future_positions", p["n_future_positions"]}, {"n_sink", p["n_sink"]},
+                      {"epsilon", p["epsilon"]}}};
   if (press == "AdaKVPress") return wrapped("adakv", {{"alpha_safeguard", p["alpha_safeguard"]}}, p["press"]);
   if (press == "NonCausalAttnPress")  // Compactor's attention half: no sinks, no leverage
     return {"compactor", {{"sink_start", 0}, {"sink_end", 0}, {"blending", 0.0}, {"chunk_size", p["chunk_size"]}}};
@@ -206,22 +210,23 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   // The query-agnostic scores themselves (layers 0, 14, 29) at rtol 1e-5 (atol 1e-6 for cosines
   // near 0): kvpress's float32 scores from transformers' keys against kvlab's from its own keys.
   int compared_scores = 0;
-  double worst_ea = 0, worst_compactor = 0;
+  double worst_ea = 0, worst_cap = 0, worst_compactor = 0;
   for (const auto& config : g["configs"]) {
     const std::string press = config["press"];
     if ((press != "KnormPress" && press != "KeyDiffPress" && press != "LagKVPress" &&
-         press != "ExpectedAttentionPress" && press != "CompactorPress") ||
+         press != "ExpectedAttentionPress" && press != "CompactorPress" && press != "CapPress") ||
         !config["results"][0].contains("scores"))
       continue;
     const json& p = config["params"];
     const bool compactor = press == "CompactorPress";
-    const std::string ea_method = compactor ? "compactor" : "expected_attention";
+    const bool cap = press == "CapPress";
+    const std::string ea_method = compactor ? "compactor" : cap ? "capkv" : "expected_attention";
     for (const auto& r : config["results"]) {
       if (!r.contains("scores")) continue;  // "scores_same_as" a result compared already
       // Compactor's blend is the compression ratio (kvpress's blending=None).
       json mp = kvlab_method(config).second;
       if (compactor) mp["blending"] = p["compression_ratio"];
-      const auto ea = press == "ExpectedAttentionPress" || compactor ? make_compressor(ea_method, mp) : nullptr;
+      const auto ea = press == "ExpectedAttentionPress" || compactor || cap ? make_compressor(ea_method, mp) : nullptr;
       for (const auto& [layer, heads] : r["scores"].items()) {
         INFO(press << " on " << r["prompt"].get<std::string>() << " layer " << layer);
         const auto& t = taps.at(r["prompt"]).got.at(std::stoi(layer));  // k, v [Hkv, n, d]
@@ -256,6 +261,8 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           continue;
         }
         const size_t from = ea ? p["n_sink"].get<size_t>() : 0;
+        // capkv too: kvpress forms its weights and capacity matrix and solves in float32, kvlab in
+        // float64 (the largest measured: 1.0e-5).
         const double rtol = ea ? 5e-5 : 1e-5;
         for (int64_t h = 0; h < h_kv; ++h) {
           const auto theirs = heads[h].get<std::vector<double>>();
@@ -263,15 +270,17 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           for (size_t j = from; j < theirs.size(); ++j)
             worst = std::max(worst, std::abs(mine[h][j].item<double>() - theirs[j]) / (rtol * std::abs(theirs[j]) + 1e-6));
           CHECK(worst <= 1.0);
-          if (ea) worst_ea = std::max(worst_ea, worst * rtol);
+          if (cap) worst_cap = std::max(worst_cap, worst * rtol);
+          else if (ea) worst_ea = std::max(worst_ea, worst * rtol);
         }
         ++compared_scores;
       }
     }
   }
-  CHECK(compared_scores == 36);  // 4 presses x 2 prompts x 3 layers + compactor's 2 ratios x 2 prompts x 3 layers
+  CHECK(compared_scores == 42);  // 5 presses x 2 prompts x 3 layers + compactor's 2 ratios x 2 prompts x 3 layers
   CHECK(worst_compactor < 5e-4);  // measured 1.4e-4
   MESSAGE("expected_attention scores: largest relative difference from kvpress " << worst_ea
+          << "; capkv's " << worst_cap
           << "; compactor z-scores: largest absolute difference " << worst_compactor);
   // One prompt's layers compressed by kvlab's `c` at the golden's per-head counts.
   // kept_fraction > 0: the budget as kvpress's ratio (chunkkv keeps whole chunks, chunk a share of
@@ -391,7 +400,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 88);  // 22 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 92);  // 23 presses x 2 ratios x 2 prompts
 }
 
 using test::method_spec;

@@ -36,8 +36,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
+#include "kvlab/compress/future_queries.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
 #include "kvlab/core/check.h"
@@ -52,34 +52,12 @@ struct EAOptions {
   double epsilon = 0.0;
 };
 
-// The average rotation over positions [t0, t0 + count): R̄ = mean_t (diag(cos_t) + diag(sin_t)·P),
-// P x = rotate_half(x) = cat(−x₂, x₁). -> [d, d] float64.
-at::Tensor average_rope_rotation(const at::Tensor& inv_freq, int64_t t0, int64_t count) {
-  auto [cos, sin] = rope_cos_sin(inv_freq.to(at::kCPU), t0, count, at::kDouble);  // [F, d] each
-  const int64_t d = cos.size(1), h = d / 2;
-  auto p = at::zeros({d, d}, at::kDouble);
-  p.narrow(0, h, h).narrow(1, 0, h).copy_(at::eye(h, at::kDouble));
-  p.narrow(0, 0, h).narrow(1, h, h).copy_(-at::eye(h, at::kDouble));
-  // row i of R(t): cos_i e_i + sin_i P_i.
-  return at::diag(cos.mean(0)) + sin.mean(0).unsqueeze(1) * p;  // [d, d]
-}
-
 at::Tensor expected_attention_scores(const LayerKV& kv, const EAOptions& o) {
-  detail::require_queries(kv, "expected_attention");
-  KVLAB_CHECK(kv.context.has(inputs::rope_inv_freq), "expected_attention: the region came without the model's RoPE "
-              "frequencies (input rope_inv_freq), needed to undo RoPE on the queries");
   const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), h_q = kv.n_q_heads(), g = h_q / h_kv;
-  auto q = kv.queries.to(at::kCPU, at::kDouble);                                     // [Hq, n_obs, d]
-  auto qpos = detail::query_positions(kv).to(at::kCPU, at::kLong);                   // [n_obs]
-  auto use = qpos.ge(o.n_sink).nonzero().squeeze(1);                                 // queries past the sinks
-  KVLAB_CHECK(use.numel() > 0, "expected_attention: no query past the first n_sink={} positions", o.n_sink);
-  q = q.index_select(1, use);
-  qpos = qpos.index_select(0, use);
-  const int64_t m = q.size(1), d = q.size(2);
-  auto inv = kv.context.get(inputs::rope_inv_freq).to(at::kCPU);
-  auto q_pre = rotate_by(q, (-qpos).unsqueeze(0).expand({h_q, m}).contiguous(), inv);  // [Hq, m, d] pre-RoPE
+  auto [q_pre, qpos, inv] = detail::pre_rope_queries(kv, o.n_sink, "expected_attention");  // [Hq, m, d], [m]
+  const int64_t m = q_pre.size(1), d = q_pre.size(2);
   auto mu = q_pre.mean(1);                                                            // [Hq, d]
-  auto r = average_rope_rotation(inv, qpos.max().item<int64_t>() + 1, o.n_future);    // [d, d]
+  auto r = detail::average_rope_rotation(inv, qpos.max().item<int64_t>() + 1, o.n_future);    // [d, d]
   auto mu_r = at::matmul(mu, r.t());                                                  // [Hq, d]
 
   // Every key the cache holds, past the sinks; the region is [pos0, pos0 + n).

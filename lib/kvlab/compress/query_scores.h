@@ -158,7 +158,7 @@ std::vector<char> adakv_selection(const double* sc, int64_t h_kv, int64_t n, int
 // The methods with Compressor::keep_scores, which the wrappers (adakv, criticalkv) take as scorers
 // (kvzip: its own layer's scores; the wrapper then allocates within the layer).
 inline const std::vector<std::string>& top_score_methods() {
-  static const std::vector<std::string> names = {"snapkv", "knorm", "keydiff", "lagkv", "cur", "expected_attention",
+  static const std::vector<std::string> names = {"snapkv", "knorm", "keydiff", "lagkv", "cur", "expected_attention", "capkv",
                                                  "compactor", "kvzip"};
   return names;
 }

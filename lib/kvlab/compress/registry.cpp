@@ -13,7 +13,7 @@
 // Every method, in --list-methods order: X(id) for the function method_<id>() of its file.
 #define KVLAB_METHODS(X)                                                                          \
   X(exact) X(uniform) X(uniform_halving) X(streaming_llm) X(local) X(h2o) X(snapkv) X(knorm)        \
-  X(tova) X(keydiff) X(lagkv) X(cur) X(expected_attention) X(compactor) X(adakv) X(criticalkv)            \
+  X(tova) X(keydiff) X(lagkv) X(cur) X(expected_attention) X(capkv) X(compactor) X(adakv) X(criticalkv)            \
   X(criticaladakv) X(chunkkv) X(chunk) X(kvzip) X(duo_attention) X(pyramidkv) X(cam) X(buzz) X(buzz_interval)          \
   X(buzz_logn) X(chelsea) X(balancekv) X(balancekv_mr) X(subgen) X(clustergen)
 
