@@ -431,17 +431,25 @@ def balancekv_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, pa
     print()
 
 
+def second_look(first, again, method, variant, steps):
+    """A second look's records: `again`'s `variant` branch renamed `method`, in place of `first`'s
+    `method`, beside `first`'s other branches on the records `again` holds. The two full caches must
+    give the same outputs (else the runs are not the same records and model). steps: the two runs'
+    names, for the error. -> (records, n)."""
+    ex1 = {(r["task"], r["sample"]): r["output"] for r in first if r["method"] == "exact"}
+    ex2 = {(r["task"], r["sample"]): r["output"] for r in again if r["method"] == "exact"}
+    if set(ex2) - set(ex1) or any(ex1[k] != v for k, v in ex2.items()):
+        raise SystemExit(f"claims_check: {steps[1]}'s full cache differs from {steps[0]}'s (or holds other records)")
+    swapped = [dict(r, method=method) for r in again if r["method"] == variant]
+    return [r for r in first if r["method"] != method and (r["task"], r["sample"]) in ex2] + swapped, len(ex2)
+
+
 def balancekv_release_longbench(step2, step6):
     """BKV-T1's second look: step 6's balancekv@release (the release's estimator) in place of step 2's
     balancekv, against step 2's baselines on the same records; the two full caches must agree."""
-    ex2 = {(r["task"], r["sample"]): r["output"] for r in step2 if r["method"] == "exact"}
-    ex6 = {(r["task"], r["sample"]): r["output"] for r in step6 if r["method"] == "exact"}
-    if set(ex6) - set(ex2) or any(ex2[k] != v for k, v in ex6.items()):
-        raise SystemExit("claims_check: step 6's full cache differs from step 2's (or holds other records)")
-    rel = [dict(r, method="balancekv") for r in step6 if r["method"] == "balancekv@release"]
-    recs = [r for r in step2 if r["method"] != "balancekv" and (r["task"], r["sample"]) in ex6] + rel
+    recs, n = second_look(step2, step6, "balancekv", "balancekv@release", ("step 2", "step 6"))
     balancekv_longbench(recs, f"Qwen2.5-Coder-0.5B, ratio 0.25, BalanceKV with its release's estimator "
-                              f"(step 6, {len(ex6)} records)")
+                              f"(step 6, {n} records)")
 
 
 def chelsea_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, paper presets", snapkv="snapkv"):
@@ -476,14 +484,9 @@ def chelsea_longbench(recs, title="SmolLM2-135M, protocol whole, ratio 0.2, pape
 def chelsea_qwen2_longbench(step3, step7):
     """CHL-T2's second look: step 7's chelsea@qwen2 (the paper's r schedule for Qwen2) in place of step 3's
     chelsea (Llama-2's schedule), against step 3's baselines on the same records; the full caches must agree."""
-    ex3 = {(r["task"], r["sample"]): r["output"] for r in step3 if r["method"] == "exact"}
-    ex7 = {(r["task"], r["sample"]): r["output"] for r in step7 if r["method"] == "exact"}
-    if set(ex7) - set(ex3) or any(ex3[k] != v for k, v in ex7.items()):
-        raise SystemExit("claims_check: step 7's full cache differs from step 3's (or holds other records)")
-    q2 = [dict(r, method="chelsea") for r in step7 if r["method"] == "chelsea@qwen2"]
-    recs = [r for r in step3 if r["method"] != "chelsea" and (r["task"], r["sample"]) in ex7] + q2
+    recs, n = second_look(step3, step7, "chelsea", "chelsea@qwen2", ("step 3", "step 7"))
     chelsea_longbench(recs, f"Qwen2.5-Coder-0.5B, whole, B = 0.2 (n + new tokens), decode stream, SnapKV window 100, "
-                            f"Chelsea at the Qwen2 r schedule (step 7, {len(ex7)} records)", snapkv="snapkv@w100")
+                            f"Chelsea at the Qwen2 r schedule (step 7, {n} records)", snapkv="snapkv@w100")
 
 
 def clustergen_longbench(recs, title="SmolLM2-135M; fixed 2k budget not run: ratio 0.2, whole"):

@@ -309,40 +309,35 @@ TEST_CASE("adakv shares the layer's H·b entries across heads by score, each hea
   }
 }
 
-// expected_attention's scores by loops: queries un-rotated pair by pair (RoPE with theta 10000,
-// lanes i and i + d/2), mean and covariance, the average rotation of the next F positions, the
-// Gaussian's expected logits, a softmax per query head over the keys past the sinks, the group's
-// mean, times |v|; sinks +inf.
-std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int64_t n_sink, int64_t future) {
-  const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0);
-  const int64_t g = h_q / h_kv, half = d / 2, n_obs = kv.queries.size(1);
-  auto Q = kv.queries.accessor<double, 3>();
-  auto K = kv.keys.accessor<double, 3>();
-  auto V = kv.values.accessor<double, 3>();
-  auto qp = kv.query_pos.accessor<int64_t, 1>();
-  std::vector<double> freq(half);
-  for (int64_t i = 0; i < half; ++i) freq[i] = 1.0 / std::pow(10000.0, double(2 * i) / double(d));
-  // The average rotation: per lane pair, mean cos and mean sin over positions t0 .. t0 + future - 1.
-  const int64_t t0 = qp[n_obs - 1] + 1;
-  std::vector<double> cbar(half, 0.0), sbar(half, 0.0);
-  for (int64_t t = t0; t < t0 + future; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      // float32 angles, as rope_cos_sin (and transformers) form them
-      const float a = static_cast<float>(t) * static_cast<float>(freq[i]);
-      cbar[i] += std::cos(double(a)) / future, sbar[i] += std::sin(double(a)) / future;
-    }
-  auto rotate = [&](const std::vector<double>& x) {  // R̄ x
+// RoPE by loops (theta 10000, lanes i and i + d/2, float32 angles as rope_cos_sin and transformers
+// form them), shared by the naive expected_attention and capkv below: a query head's pre-RoPE queries
+// past the sinks, and R̄, the average rotation over positions t0 .. t0 + future − 1 (per lane pair,
+// mean cos and mean sin).
+struct NaiveRope {
+  int64_t d, half;
+  std::vector<double> freq, cbar, sbar;
+  NaiveRope(int64_t d_, int64_t t0, int64_t future) : d(d_), half(d_ / 2), freq(half), cbar(half, 0.0), sbar(half, 0.0) {
+    for (int64_t i = 0; i < half; ++i) freq[i] = 1.0 / std::pow(10000.0, double(2 * i) / double(d));
+    for (int64_t t = t0; t < t0 + future; ++t)
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = static_cast<float>(t) * static_cast<float>(freq[i]);
+        cbar[i] += std::cos(double(a)) / future, sbar[i] += std::sin(double(a)) / future;
+      }
+  }
+  std::vector<double> rotate(const std::vector<double>& x) const {  // R̄ x
     std::vector<double> y(d);
     for (int64_t i = 0; i < half; ++i) {
       y[i] = cbar[i] * x[i] - sbar[i] * x[i + half];
       y[i + half] = cbar[i] * x[i + half] + sbar[i] * x[i];
     }
     return y;
-  };
-  std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, 0.0));
-  for (int64_t hq = 0; hq < h_q; ++hq) {
+  }
+  // Query head hq's queries at positions >= n_sink, each un-rotated by its position.
+  std::vector<std::vector<double>> pre_rope_queries(const LayerKV& kv, int64_t hq, int64_t n_sink) const {
+    auto Q = kv.queries.accessor<double, 3>();
+    auto qp = kv.query_pos.accessor<int64_t, 1>();
     std::vector<std::vector<double>> pre;
-    for (int64_t j = 0; j < n_obs; ++j) {
+    for (int64_t j = 0; j < kv.queries.size(1); ++j) {
       if (qp[j] < n_sink) continue;
       std::vector<double> x(d);
       for (int64_t i = 0; i < half; ++i) {
@@ -353,6 +348,23 @@ std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int
       }
       pre.push_back(x);
     }
+    return pre;
+  }
+};
+
+// expected_attention's scores by loops: queries un-rotated pair by pair (RoPE with theta 10000,
+// lanes i and i + d/2), mean and covariance, the average rotation of the next F positions, the
+// Gaussian's expected logits, a softmax per query head over the keys past the sinks, the group's
+// mean, times |v|; sinks +inf.
+std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int64_t n_sink, int64_t future) {
+  const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0);
+  const int64_t g = h_q / h_kv, n_obs = kv.queries.size(1);
+  auto K = kv.keys.accessor<double, 3>();
+  auto V = kv.values.accessor<double, 3>();
+  const NaiveRope rope(d, kv.query_pos[n_obs - 1].item<int64_t>() + 1, future);
+  std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, 0.0));
+  for (int64_t hq = 0; hq < h_q; ++hq) {
+    const auto pre = rope.pre_rope_queries(kv, hq, n_sink);
     const double m = double(pre.size());
     std::vector<double> mu(d, 0.0);
     for (const auto& x : pre)
@@ -364,15 +376,15 @@ std::vector<std::vector<double>> naive_expected_attention(const LayerKV& kv, int
     for (int64_t b = 0; b < d; ++b) {  // columns of R̄ Σ, then rows of (R̄ Σ) R̄ᵀ = R̄ (R̄ Σ)ᵀ transposed
       std::vector<double> col(d);
       for (int64_t a = 0; a < d; ++a) col[a] = cov[a][b];
-      rc[b] = rotate(col);  // rc[b][a] = (R̄Σ)[a][b]
+      rc[b] = rope.rotate(col);  // rc[b][a] = (R̄Σ)[a][b]
     }
     for (int64_t a = 0; a < d; ++a) {
       std::vector<double> row(d);
       for (int64_t b = 0; b < d; ++b) row[b] = rc[b][a];
-      auto r = rotate(row);  // (R̄ (R̄Σ)[a,:]ᵀ)[b] = (R̄Σ R̄ᵀ)[a][b]
+      auto r = rope.rotate(row);  // (R̄ (R̄Σ)[a,:]ᵀ)[b] = (R̄Σ R̄ᵀ)[a][b]
       for (int64_t b = 0; b < d; ++b) rcr[a][b] = r[b];
     }
-    const auto mur = rotate(mu);
+    const auto mur = rope.rotate(mu);
     const int64_t kh = hq / g;
     std::vector<double> logit(n, -INFINITY);
     double mx = -INFINITY, z = 0;
@@ -425,38 +437,18 @@ TEST_CASE("expected_attention keeps the keys of highest expected attention under
 // over the group's query heads; sinks +inf.
 std::vector<std::vector<double>> naive_capkv(const LayerKV& kv, int64_t n_sink, int64_t future, double tau, double eps) {
   const int64_t h_kv = kv.keys.size(0), n = kv.keys.size(1), d = kv.keys.size(2), h_q = kv.queries.size(0);
-  const int64_t g = h_q / h_kv, half = d / 2, n_obs = kv.queries.size(1);
-  auto Q = kv.queries.accessor<double, 3>();
+  const int64_t g = h_q / h_kv, n_obs = kv.queries.size(1);
   auto K = kv.keys.accessor<double, 3>();
   auto V = kv.values.accessor<double, 3>();
-  auto qp = kv.query_pos.accessor<int64_t, 1>();
-  std::vector<double> freq(half), cbar(half, 0.0), sbar(half, 0.0);
-  for (int64_t i = 0; i < half; ++i) freq[i] = 1.0 / std::pow(10000.0, double(2 * i) / double(d));
-  for (int64_t t = qp[n_obs - 1] + 1; t < qp[n_obs - 1] + 1 + future; ++t)
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = static_cast<float>(t) * static_cast<float>(freq[i]);
-      cbar[i] += std::cos(double(a)) / future, sbar[i] += std::sin(double(a)) / future;
-    }
+  const NaiveRope rope(d, kv.query_pos[n_obs - 1].item<int64_t>() + 1, future);
   std::vector<std::vector<double>> out(h_kv, std::vector<double>(n, 0.0));
   for (int64_t hq = 0; hq < h_q; ++hq) {
+    const auto pre = rope.pre_rope_queries(kv, hq, n_sink);
     std::vector<double> mu(d, 0.0);
-    int64_t m = 0;
-    for (int64_t j = 0; j < n_obs; ++j) {
-      if (qp[j] < n_sink) continue;
-      ++m;
-      for (int64_t i = 0; i < half; ++i) {  // un-rotate lanes i, i + d/2 by position qp[j]
-        const float a = static_cast<float>(qp[j]) * static_cast<float>(freq[i]);
-        const double c = std::cos(double(a)), s = std::sin(double(a));
-        mu[i] += Q[hq][j][i] * c + Q[hq][j][i + half] * s;
-        mu[i + half] += Q[hq][j][i + half] * c - Q[hq][j][i] * s;
-      }
-    }
-    std::vector<double> an(d);
+    for (const auto& x : pre)
+      for (int64_t c = 0; c < d; ++c) mu[c] += x[c] / double(pre.size());
+    const auto an = rope.rotate(mu);  // R̄ · mean(pre-RoPE queries)
     double an_norm = 0;
-    for (int64_t i = 0; i < half; ++i) {
-      an[i] = (cbar[i] * mu[i] - sbar[i] * mu[i + half]) / m;
-      an[i + half] = (cbar[i] * mu[i + half] + sbar[i] * mu[i]) / m;
-    }
     for (double x : an) an_norm += x * x;
     const int64_t kh = hq / g;
     std::vector<double> w(n, 0.0);
