@@ -16,8 +16,9 @@ Pinned versions (a separate venv, so that kvpress's transformers pin does not to
 Usage:
   nice -n 10 /opt/kvpress-py/bin/python data_scripts/make_kvpress_golden.py [--gguf PATH] [--out FILE]
   ... --only CURPress    (a press added later: run alone, added to smollm2_added.json, which has
-                          the same header; CURPress, ChunkKVPress(...), ChunkPress(...) and
-                          CapPress were added so)
+                          the same header; CURPress, ChunkKVPress(...), ChunkPress(...),
+                          CapPress, BlockPress(...), PerLayerCompressionPress(...) and
+                          EntropyGatedChunkKVPress(...) and MergingPress(...) were added so)
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -107,13 +108,18 @@ SAME_SCORE_RTOL = 1e-6
 NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "CriticalAdaKVPress(KnormPress)",
              "CriticalAdaKVPress(SnapKVPress)", "NonCausalAttnPress",
              "LeverageScorePress(sketch_dimension=64, identity sketch)", "CURPress",
-             "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)"}
+             "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)",
+             "BlockPress(KeyDiffPress, block_size=64)", "EntropyGatedChunkKVPress(KnormPress)",
+             "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
+             "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)"}
 
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
 # keeps the main file under 2 MiB; a run without --only leaves them out.
 ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)",
-         "CapPress"}
+         "CapPress", "BlockPress(KeyDiffPress, block_size=64)", "PerLayerCompressionPress(SnapKVPress, linear)",
+         "EntropyGatedChunkKVPress(KnormPress)", "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
+         "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -209,6 +215,36 @@ def make_configs(kvpress):
     if hasattr(kvpress, "CapPress"):
         # kvpress's defaults (tau 5, 512 future positions, 4 sinks, epsilon 1e-6); kvlab: capkv.
         cfgs.append(("CapPress", lambda r: kvpress.CapPress(compression_ratio=r), "sdpa"))
+    if hasattr(kvpress, "BlockPress"):
+        # blocks of 64 (the default 128 gives one or two blocks on these prompts) around KeyDiffPress,
+        # whose scores depend on the set scored (its anchor is the mean key of the candidates).
+        cfgs.append(("BlockPress(KeyDiffPress, block_size=64)",
+                     lambda r: kvpress.BlockPress(press=kvpress.KeyDiffPress(compression_ratio=r), block_size=64),
+                     "sdpa"))
+    if hasattr(kvpress, "PerLayerCompressionPress"):
+        # layer l of 30 removes r - 0.1 + 0.2 l / 29 (mean r; at least 47 kept, past the window of 32)
+        # around SnapKVPress (window 32, kernel 5).
+        cfgs.append(("PerLayerCompressionPress(SnapKVPress, linear)",
+                     lambda r: kvpress.PerLayerCompressionPress(
+                         press=kvpress.SnapKVPress(compression_ratio=r, window_size=32, kernel_size=5),
+                         compression_ratios=[r - 0.1 + 0.2 * l / 29 for l in range(30)]), "sdpa"))
+    if hasattr(kvpress, "EntropyGatedChunkKVPress"):
+        # its defaults (chunks of 10, 4 tokens of a spiky chunk) around KnormPress (negative scores:
+        # the entropy's shift) and SnapKVPress (window 32, kernel 5).
+        cfgs.append(("EntropyGatedChunkKVPress(KnormPress)",
+                     lambda r: kvpress.EntropyGatedChunkKVPress(press=kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("EntropyGatedChunkKVPress(SnapKVPress)",
+                     lambda r: kvpress.EntropyGatedChunkKVPress(press=kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5)), "sdpa"))
+    if hasattr(kvpress, "MergingPress"):
+        # its defaults around KnormPress; both gates (threshold, fraction) around SnapKVPress (32, 5).
+        # The kept sets are the scorer's: the greedy ids are the check of the merged values.
+        cfgs.append(("MergingPress(KnormPress)",
+                     lambda r: kvpress.MergingPress(press=kvpress.KnormPress(compression_ratio=r)), "sdpa"))
+        cfgs.append(("MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
+                     lambda r: kvpress.MergingPress(press=kvpress.SnapKVPress(
+                         compression_ratio=r, window_size=32, kernel_size=5), similarity_threshold=0.2,
+                         merge_fraction=0.75), "sdpa"))
     return cfgs
 
 
@@ -303,6 +339,19 @@ def kth_band(scores, keep_mask, k):
     return []
 
 
+def gathered_positions(keys, out_k):
+    """The ascending positions a press gathered, the same on every KV head (EntropyGatedChunkKVPress):
+    each output row matched to the first later position whose keys equal it on every head."""
+    n, pos, p = keys.shape[2], [], 0
+    for j in range(out_k.shape[2]):
+        while p < n and not torch.equal(keys[0, :, p], out_k[0, :, j]):
+            p += 1
+        assert p < n, f"output row {j} matches no later position"
+        pos.append(p)
+        p += 1
+    return pos
+
+
 class Recorder:
     """Wraps a press instance's score/compress to record scores and kept positions per layer."""
 
@@ -313,9 +362,21 @@ class Recorder:
         self.is_ada = type(press).__name__ in ("AdaKVPress", "CriticalAdaKVPress")
         # ChunkKVPress keeps whole chunks chosen from its scorer's scores summed over the heads.
         self.is_chunk = type(press).__name__ == "ChunkKVPress"
+        # EntropyGatedChunkKVPress keeps the same positions on every head, chosen by a greedy pass.
+        self.is_entropy = type(press).__name__ == "EntropyGatedChunkKVPress"
+        # MergingPress keeps its ScorerPress's top-k (keys unchanged, values merged).
+        self.is_merging = type(press).__name__ == "MergingPress"
         # ChunkPress scores and cuts each chunk on its own: every chunk's scores are kept.
         self.is_chunked = type(press).__name__ == "ChunkPress"
-        self.scorer = press.press if self.is_ada or self.is_chunk or self.is_chunked else press
+        # BlockPress scores the kept set and each next block, in turn: every call's scores are kept.
+        self.is_block = type(press).__name__ == "BlockPress"
+        # PerLayerCompressionPress sets its ScorerPress's ratio per layer and runs its hook: recorded
+        # as that ScorerPress (its compression_ratio read while the layer is compressed).
+        if type(press).__name__ == "PerLayerCompressionPress":
+            press = press.press
+            self.press = press
+        self.scorer = press.press if (self.is_ada or self.is_chunk or self.is_chunked or self.is_block
+                                      or self.is_entropy or self.is_merging) else press
         self._chunk_scores = []
         self.layers = {}
         self._last_scores = None
@@ -363,6 +424,34 @@ class Recorder:
         kept = [sorted(idx[0, h].tolist()) for h in range(self.n_kv)]
         return kept, bands, torch.cat(self._chunk_scores, dim=-1)
 
+    def block_selection(self, keys, out_k, layer):
+        """BlockPress.compress's selection from the scores of each call (recorded in call order),
+        recomputed as it does (the first n_kept positions, then per block the top n_kept of kept +
+        block, kept in topk order) and verified against the compressed cache; kept sets sorted; the
+        tie band of every step's cut, as positions of the prompt."""
+        from kvpress.utils import compute_n_kept
+
+        n = keys.shape[2]
+        bs = min(self.press.block_size, n)
+        n_kept = compute_n_kept(n, self.press.compression_ratio)
+        kept = torch.arange(n_kept).expand(1, self.n_kv, -1)
+        starts = list(range(n_kept, n, bs))
+        assert len(self._chunk_scores) == len(starts), (len(self._chunk_scores), len(starts))
+        bands = [set() for _ in range(self.n_kv)]
+        for i, s in zip(starts, self._chunk_scores):
+            cur = torch.cat([kept, torch.arange(i, min(i + bs, n)).expand(1, self.n_kv, -1)], dim=-1)
+            assert s.shape[-1] == cur.shape[-1]
+            top = s.topk(n_kept, dim=-1).indices
+            for h in range(self.n_kv):
+                mask = torch.zeros(cur.shape[-1], dtype=torch.bool)
+                mask[top[0, h]] = True
+                bands[h] |= {int(cur[0, h, j]) for j in kth_band(s[0, h].double(), mask, n_kept)}
+            kept = cur.gather(-1, top)
+        gathered = keys.gather(2, kept.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))
+        assert torch.equal(gathered, out_k), f"layer {layer}: recovered block positions do not match cache"
+        return ([sorted(kept[0, h].tolist()) for h in range(self.n_kv)], [sorted(b) for b in bands],
+                torch.cat(self._chunk_scores, dim=-1))
+
     def chunk_selection(self, scores, keys, out_k, layer):
         """ChunkKVPress.compress's selection recomputed with its own operations (float32 sums over
         the heads, chunk means, topk), verified against the compressed cache; the tie band is the
@@ -390,8 +479,9 @@ class Recorder:
 
         layer = module.layer_idx
         assert layer not in self.layers, layer
-        if self.is_chunked:
-            kept, bands, scores = self.chunked_selection(keys, out_k, layer)
+        if self.is_chunked or self.is_block:
+            select = self.block_selection if self.is_block else self.chunked_selection
+            kept, bands, scores = select(keys, out_k, layer)
             self.layers[layer] = {"n": keys.shape[2], "n_kept": [len(k) for k in kept], "kept": kept,
                                   "tie_band": bands, "scores": scores[0].clone()}
             return
@@ -404,6 +494,10 @@ class Recorder:
         s64 = scores[0].double()
         if self.is_chunk:
             kept, bands, n_kept = self.chunk_selection(scores, keys, out_k, layer)
+        elif self.is_entropy:
+            pos = gathered_positions(keys, out_k)
+            assert len(pos) == n_kept, (len(pos), n_kept)
+            kept, bands = [pos] * self.n_kv, [[] for _ in range(self.n_kv)]
         elif not self.is_ada:
             idx = scores.topk(n_kept, dim=-1).indices  # exactly ScorerPress.compress
             gathered = keys.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1]))

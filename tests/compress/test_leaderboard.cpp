@@ -107,6 +107,27 @@ CompressOptions entries(int64_t b) {
   return o;
 }
 
+// keydiff's scores by loops: minus the cosine of each key at `pos` (indices into the layer, KV head
+// h) to the mean of those keys' unit vectors.
+std::vector<double> naive_keydiff(const LayerKV& kv, int64_t h, const std::vector<int64_t>& pos) {
+  const int64_t d = kv.keys.size(2);
+  auto K = kv.keys.accessor<double, 3>();
+  std::vector<double> anchor(static_cast<size_t>(d), 0.0), sc;
+  for (int64_t i : pos) {
+    double nn = 0;
+    for (int64_t c = 0; c < d; ++c) nn += K[h][i][c] * K[h][i][c];
+    for (int64_t c = 0; c < d; ++c) anchor[c] += K[h][i][c] / std::sqrt(nn) / double(pos.size());
+  }
+  double na = 0;
+  for (double a : anchor) na += a * a;
+  for (int64_t i : pos) {
+    double dot = 0, nn = 0;
+    for (int64_t c = 0; c < d; ++c) dot += K[h][i][c] * anchor[c], nn += K[h][i][c] * K[h][i][c];
+    sc.push_back(-dot / std::sqrt(nn * na));
+  }
+  return sc;
+}
+
 }  // namespace
 
 TEST_CASE("knorm keeps the keys of smallest L2 norm per KV head (naive loop)") {
@@ -196,23 +217,9 @@ TEST_CASE("keydiff keeps the keys of lowest cosine to the mean unit key, per KV 
   for (int64_t b : {1, 13, 40}) {
     INFO("budget=" << b);
     auto out = make_compressor("keydiff", nlohmann::json::object())->compress(kv, entries(b));
-    auto K = kv.keys.accessor<double, 3>();
-    for (int64_t h = 0; h < 2; ++h) {
-      std::vector<double> anchor(6, 0.0), sc(41);
-      for (int64_t i = 0; i < 41; ++i) {
-        double nn = 0;
-        for (int64_t c = 0; c < 6; ++c) nn += K[h][i][c] * K[h][i][c];
-        for (int64_t c = 0; c < 6; ++c) anchor[c] += K[h][i][c] / std::sqrt(nn) / 41.0;
-      }
-      double na = 0;
-      for (double a : anchor) na += a * a;
-      for (int64_t i = 0; i < 41; ++i) {
-        double dot = 0, nn = 0;
-        for (int64_t c = 0; c < 6; ++c) dot += K[h][i][c] * anchor[c], nn += K[h][i][c] * K[h][i][c];
-        sc[i] = -dot / std::sqrt(nn * na);
-      }
-      CHECK(row(out.kept_idx, h) == naive_top(sc, b));
-    }
+    std::vector<int64_t> all(41);
+    std::iota(all.begin(), all.end(), int64_t{0});
+    for (int64_t h = 0; h < 2; ++h) CHECK(row(out.kept_idx, h) == naive_top(naive_keydiff(kv, h, all), b));
   }
 }
 
@@ -1069,4 +1076,187 @@ TEST_CASE("chunkkv keeps the best chunks by head-summed mean score whole, then f
     for (int64_t h = 0; h < 3; ++h) CHECK(row(out.kept_idx, h) == want);  // the same positions on every head
     CHECK(int64_t(want.size()) == b);
   }
+}
+
+TEST_CASE("block: held entries + each next block scored together by keydiff, cut to b best first (naive loop)") {
+  auto kv = random_region(150, 4, 2, 2, 6, 34);
+  for (int64_t b : {1, 37, 90, 149}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("block", {{"scorer", "keydiff"}, {"block_size", 25}})->compress(kv, entries(b));
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<int64_t> held(b);
+      std::iota(held.begin(), held.end(), int64_t{0});
+      for (int64_t from = b; from < 150; from += 25) {
+        std::vector<int64_t> cand = held;
+        for (int64_t i = from; i < std::min<int64_t>(150, from + 25); ++i) cand.push_back(i);
+        std::vector<double> sc = naive_keydiff(kv, h, cand);
+        held.clear();  // the b best by repeated scans, best first (ties to the earlier candidate)
+        for (int64_t t = 0; t < b; ++t) {
+          size_t best = 0;
+          for (size_t j = 1; j < sc.size(); ++j)
+            if (sc[j] > sc[best]) best = j;
+          held.push_back(cand[best]);
+          sc[best] = -1e300;
+        }
+      }
+      std::sort(held.begin(), held.end());
+      CHECK(row(out.kept_idx, h) == held);
+    }
+  }
+  // One block covering everything after the first b: keydiff's own top-b over the region.
+  auto one = make_compressor("block", {{"scorer", "keydiff"}, {"block_size", 200}})->compress(kv, entries(40));
+  auto plain = make_compressor("keydiff", nlohmann::json::object())->compress(kv, entries(40));
+  CHECK(one.kept_idx.equal(plain.kept_idx));
+  CHECK_THROWS_WITH_AS(make_compressor("block", {{"scorer", "snapkv"}}), doctest::Contains("scorer"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("block", {{"block_size", 0}}), doctest::Contains("block_size"), Error);
+}
+
+TEST_CASE("per_layer: layer l runs its scorer at max(1, floor(n f (1 - c_l) / mean(1 - c))) entries") {
+  auto kv = random_region(80, 4, 2, 2, 6, 35);
+  kv.n_layers = 3;
+  const std::vector<double> removed = {0.2, 0.45, 0.85};  // mean kept 0.5
+  auto c = make_compressor("per_layer", {{"scorer", "knorm"}, {"compression_ratios", removed}});
+  for (double f : {0.5, 0.33, 0.87}) {  // no layer lands on a whole count
+    CompressOptions o;
+    o.budget = Budget::of_ratio(f);
+    for (int l = 0; l < 3; ++l) {
+      INFO("kept fraction " << f << ", layer " << l);
+      kv.layer = l;
+      const int64_t want = std::min<int64_t>(80, std::max<int64_t>(1, int64_t(80.0 * f * (1.0 - removed[l]) / 0.5)));
+      auto out = c->compress(kv, o);
+      auto plain = make_compressor("knorm", nlohmann::json::object())->compress(kv, entries(want));
+      CHECK(out.kept_idx.size(1) == want);
+      CHECK(out.kept_idx.equal(plain.kept_idx));
+    }
+  }
+  // At the list's own mean, kvpress's counts: max(1, floor(n (1 - c_l))).
+  kv.layer = 2;
+  CHECK(c->compress(kv, CompressOptions{Budget::of_ratio(0.5), 0}).kept_idx.size(1) == int64_t(80 * (1 - 0.85)));
+  // From the command line, a string; no list: the scorer alone.
+  auto s = make_compressor("per_layer", {{"scorer", "knorm"}, {"compression_ratios", "0.2,0.45,0.85"}});
+  CHECK(s->params()["compression_ratios"] == nlohmann::json(removed));
+  CHECK(make_compressor("per_layer", {{"scorer", "knorm"}})->compress(kv, entries(23)).kept_idx.size(1) == 23);
+  kv.n_layers = 4;
+  CHECK_THROWS_WITH_AS(c->compress(kv, entries(10)), doctest::Contains("has 3 values, the model has 4 layers"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("per_layer", {{"compression_ratios", "0.2,1.5"}}),
+                       doctest::Contains("layer 1's is 1.5"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("per_layer", {{"compression_ratios", "0.2,x"}}),
+                       doctest::Contains("compression_ratios"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("per_layer", {{"scorer", "h2o"}}), doctest::Contains("parameter 'scorer'"), Error);
+}
+
+TEST_CASE("entropy_chunkkv: chunks by mean, spiky important ones cut to their best 4, the rest topped up (naive loop)") {
+  auto kv = random_region(97, 4, 3, 1, 8, 36);  // chunks of 10: nine whole, one of 7
+  for (int64_t b : {5, 30, 61, 96}) {
+    INFO("budget=" << b);
+    auto out = make_compressor("entropy_chunkkv", {{"scorer", "knorm"}})->compress(kv, entries(b));
+    std::vector<double> s(97, 0.0);
+    for (int64_t h = 0; h < 3; ++h) {
+      const auto sc = naive_knorm(kv, h);  // negative: the entropy's shift is exercised
+      for (int64_t i = 0; i < 97; ++i) s[i] += sc[i];
+    }
+    std::vector<double> mean, ent;
+    for (int64_t c = 0; c < 10; ++c) {
+      const int64_t from = c * 10, len = c < 9 ? 10 : 7;
+      double m = 0, lo = 0, z = 0, h = 0;
+      for (int64_t i = from; i < from + len; ++i) m += s[i] / double(len), lo = std::min(lo, s[i]);
+      for (int64_t i = from; i < from + len; ++i) z += s[i] - lo;
+      for (int64_t i = from; i < from + len; ++i) h -= (s[i] - lo) / (z + 1e-8) * std::log((s[i] - lo) / (z + 1e-8) + 1e-8);
+      mean.push_back(m);
+      ent.push_back(std::min(1.0, std::max(0.0, h / std::log(double(len)))));
+    }
+    auto sorted_mean = mean, sorted_ent = ent;  // the lower medians (10 values: the 5th)
+    std::sort(sorted_mean.begin(), sorted_mean.end());
+    std::sort(sorted_ent.begin(), sorted_ent.end());
+    std::vector<int64_t> order(10);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return mean[a] > mean[c]; });
+    std::set<int64_t> want;
+    int64_t left = b, spiky = 0;
+    for (int64_t c : order) {
+      if (left <= 0) break;
+      const int64_t len = c < 9 ? 10 : 7;
+      int64_t take = std::min(len, left);
+      if (mean[c] >= sorted_mean[4] && ent[c] < sorted_ent[4]) take = std::min<int64_t>(take, 4), ++spiky;
+      std::vector<double> part(s.begin() + c * 10, s.begin() + c * 10 + len);
+      for (int64_t i : naive_top(part, take)) want.insert(c * 10 + i);
+      left -= take;
+    }
+    std::vector<int64_t> rest;
+    std::vector<double> rest_s;
+    for (int64_t i = 0; i < 97; ++i)
+      if (!want.count(i)) rest.push_back(i), rest_s.push_back(s[i]);
+    for (int64_t j : naive_top(rest_s, left)) want.insert(rest[j]);
+    const std::vector<int64_t> w(want.begin(), want.end());
+    CHECK(int64_t(w.size()) == b);
+    for (int64_t h = 0; h < 3; ++h) CHECK(row(out.kept_idx, h) == w);
+    if (b == 61) CHECK(spiky > 0);  // the gate acted
+  }
+  CHECK_THROWS_WITH_AS(make_compressor("entropy_chunkkv", {{"low_entropy_chunk_length", 10}}),
+                       doctest::Contains("low_entropy_chunk_length"), Error);
+}
+
+TEST_CASE("merging: knorm's top b kept, each evicted value folded into its most similar kept key's value (naive loop)") {
+  auto kv = random_region(40, 4, 2, 1, 5, 37);
+  const int64_t b = 15;
+  for (const auto& [thr, frac] : std::vector<std::pair<double, double>>{{0.0, 1.0}, {0.3, 1.0}, {0.0, 0.5}}) {
+    INFO("similarity_threshold " << thr << ", merge_fraction " << frac);
+    auto out = make_compressor("merging", {{"scorer", "knorm"}, {"similarity_threshold", thr}, {"merge_fraction", frac}})
+                   ->compress(kv, entries(b));
+    auto K = kv.keys.accessor<double, 3>();
+    auto V = kv.values.accessor<double, 3>();
+    auto norm = [](auto&& row, int64_t d) {
+      double s = 0;
+      for (int64_t c = 0; c < d; ++c) s += row[c] * row[c];
+      return std::sqrt(s);
+    };
+    for (int64_t h = 0; h < 2; ++h) {
+      const auto kept = naive_top(naive_knorm(kv, h), b);
+      CHECK(row(out.kept_idx, h) == kept);
+      std::vector<int64_t> ev;
+      for (int64_t i = 0; i < 40; ++i)
+        if (!std::count(kept.begin(), kept.end(), i)) ev.push_back(i);
+      std::vector<double> sim(ev.size());
+      std::vector<int64_t> tgt(ev.size());
+      for (size_t j = 0; j < ev.size(); ++j) {
+        sim[j] = -2;
+        for (int64_t t = 0; t < b; ++t) {
+          double dot = 0;
+          for (int64_t c = 0; c < 5; ++c) dot += K[h][ev[j]][c] * K[h][kept[t]][c];
+          const double cs = dot / norm(K[h][ev[j]], 5) / norm(K[h][kept[t]], 5);
+          if (cs > sim[j]) sim[j] = cs, tgt[j] = t;
+        }
+      }
+      // The (1 - frac) quantile of the sims above the threshold (the rest -inf), linearly interpolated.
+      double cut = -1e300;
+      if (frac < 1) {
+        std::vector<double> s;
+        for (double x : sim) s.push_back(x >= thr ? x : -1e300);
+        std::sort(s.begin(), s.end());
+        const double pos = (1 - frac) * double(s.size() - 1);
+        const size_t lo = size_t(pos);
+        cut = s[lo] + (pos - double(lo)) * (s[std::min(lo + 1, s.size() - 1)] - s[lo]);
+      }
+      std::vector<std::vector<double>> acc(b, std::vector<double>(5, 0.0));
+      std::vector<double> wsum(b, 0.0);
+      for (size_t j = 0; j < ev.size(); ++j) {
+        if (sim[j] < thr || sim[j] < cut) continue;
+        const double en = norm(V[h][ev[j]], 5), tn = norm(V[h][kept[tgt[j]]], 5);
+        const double w = std::max(0.0, sim[j]) * en / (en + tn + 1e-6);
+        for (int64_t c = 0; c < 5; ++c) acc[tgt[j]][c] += w * V[h][ev[j]][c];
+        wsum[tgt[j]] += w;
+      }
+      int merged = 0;
+      for (int64_t t = 0; t < b; ++t) {
+        merged += wsum[t] > 0;
+        for (int64_t c = 0; c < 5; ++c) {
+          const double want = wsum[t] > 0 ? (V[h][kept[t]][c] + acc[t][c]) / (1 + wsum[t]) : V[h][kept[t]][c];
+          CHECK(out.values[h][t][c].item<double>() == doctest::Approx(want).epsilon(1e-12));
+        }
+        CHECK(out.keys[h][t].equal(kv.keys[h][kept[t]]));  // keys kept as they are
+      }
+      CHECK(merged > 0);
+    }
+  }
+  CHECK_THROWS_WITH_AS(make_compressor("merging", {{"merge_fraction", 0.0}}), doctest::Contains("merge_fraction"), Error);
 }

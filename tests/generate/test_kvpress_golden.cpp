@@ -14,6 +14,14 @@
 //   ChunkKVPress(Knorm, SnapKV)   chunkkv scorer=knorm / snapkv window=32 kernel=5 pooling=avg,
 //                                 chunk_length 20 fill=false (the budget as kvpress's ratio: whole chunks)
 //   ChunkPress(KnormPress, 128)   chunk scorer=knorm chunk_length=128 fill=false (the budget as kvpress's ratio)
+//   EntropyGatedChunkKVPress(Knorm, SnapKV)  entropy_chunkkv scorer=knorm / snapkv window=32 kernel=5
+//                                 pooling=avg (chunks of 10, 4 kept of a spiky chunk: its defaults)
+//   MergingPress(Knorm; SnapKV, threshold 0.2, fraction 0.75)  merging with the same scorers and gates
+//                                 (the kept sets are the scorer's; the greedy ids check the merged values)
+//   BlockPress(KeyDiffPress, 64)  block scorer=keydiff block_size=64 (keydiff's anchor moves with the set scored)
+//   PerLayerCompressionPress(SnapKVPress(32,5), a linear list)  per_layer scorer=snapkv window=32 kernel=5
+//                                 pooling=avg compression_ratios=<the list> (the budget as kvpress's ratio,
+//                                 the list's mean: every layer's count as kvpress's)
 //   LagKVPress(n_sink 4, lag 128) lagkv n_sink=4 lag_size=128
 //   AdaKVPress(KnormPress)        adakv scorer=knorm
 //   AdaKVPress(SnapKVPress(32,5)) adakv scorer=snapkv window=32 kernel=5 pooling=avg
@@ -112,6 +120,7 @@ std::set<int64_t> kept_positions(const std::string& hex) {
 // and the scorer's ("" when kvlab has no match for the inner press).
 std::pair<std::string, json> wrapped(const std::string& method, json own, const json& inner) {
   if (inner["press"] == "KnormPress") own["scorer"] = "knorm";
+  if (inner["press"] == "KeyDiffPress") own["scorer"] = "keydiff";
   if (inner["press"] == "SnapKVPress")
     own.update({{"scorer", "snapkv"}, {"window", inner["params"]["window_size"]},
                 {"kernel", inner["params"]["kernel_size"]}, {"pooling", "avg"}});
@@ -129,6 +138,16 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "KeyDiffPress") return {"keydiff", json::object()};
   if (press == "ChunkPress" && p["press"]["press"] == "KnormPress")
     return {"chunk", {{"scorer", "knorm"}, {"chunk_length", p["chunk_length"]}, {"fill", false}}};
+  if (press == "EntropyGatedChunkKVPress")
+    return wrapped("entropy_chunkkv",
+                   {{"chunk_length", p["chunk_length"]}, {"low_entropy_chunk_length", p["low_entropy_chunk_length"]}},
+                   p["press"]);
+  if (press == "MergingPress")
+    return wrapped("merging", {{"similarity_threshold", p["similarity_threshold"]}, {"merge_fraction", p["merge_fraction"]}},
+                   p["press"]);
+  if (press == "BlockPress") return wrapped("block", {{"block_size", p["block_size"]}}, p["press"]);
+  if (press == "PerLayerCompressionPress")
+    return wrapped("per_layer", {{"compression_ratios", p["compression_ratios"]}}, p["press"]);
   if (press == "ChunkKVPress") return wrapped("chunkkv", {{"chunk_length", p["chunk_length"]}, {"fill", false}}, p["press"]);
   if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
     return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
@@ -284,7 +303,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
           << "; compactor z-scores: largest absolute difference " << worst_compactor);
   // One prompt's layers compressed by kvlab's `c` at the golden's per-head counts.
   // kept_fraction > 0: the budget as kvpress's ratio (chunkkv keeps whole chunks, chunk a share of
-  // each chunk: their counts are not a budget in entries).
+  // each chunk, per_layer a count of its own per layer: their counts are not a budget in entries).
   auto compress_all = [&](const Compressor& c, const json& r, double kept_fraction = -1) {
     const auto& ids = prompt_ids.at(r["prompt"].get<std::string>());
     const int64_t n = static_cast<int64_t>(ids.size());
@@ -338,7 +357,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
       const int64_t n = static_cast<int64_t>(prompt_ids.at(prompt).size());
       REQUIRE(r["n"].get<int64_t>() == n);
       std::vector<CompressedLayer> layers =
-          compress_all(*c, r, method == "chunkkv" || method == "chunk" ? 1.0 - config["compression_ratio"].get<double>()
+          compress_all(*c, r, method == "chunkkv" || method == "chunk" || method == "per_layer" ? 1.0 - config["compression_ratio"].get<double>()
                                                                          : -1.0);
       for (int64_t l = 0; l < n_layers; ++l) {
         if (method != "adakv" && method != "criticaladakv")
@@ -400,7 +419,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 92);  // 23 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 116);  // 29 presses x 2 ratios x 2 prompts
 }
 
 using test::method_spec;

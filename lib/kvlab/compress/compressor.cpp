@@ -146,6 +146,30 @@ double Params::get_double(const std::string& key, double def) {
   return v;
 }
 
+std::vector<double> Params::get_double_list(const std::string& key, const std::vector<double>& def) {
+  std::vector<double> v = def;
+  if (given_.contains(key)) {
+    const auto& j = given_[key];
+    v.clear();
+    if (j.is_array()) {
+      for (const auto& x : j) v.push_back(parse_number<double>(x, key, method_, "a list of numbers"));
+    } else if (j.is_string()) {  // from the command line: "0.1,0.2,0.3" (or "" for none)
+      const std::string s = j.get<std::string>();
+      for (size_t from = 0; from < s.size();) {
+        const size_t comma = std::min(s.find(',', from), s.size());
+        v.push_back(parse_number<double>(nlohmann::json(s.substr(from, comma - from)), key, method_,
+                                         "a list of numbers"));
+        from = comma + 1;
+      }
+    } else {
+      KVLAB_FAIL("{}: parameter '{}' must be a list of numbers ([0.1, 0.2] or \"0.1,0.2\"), got {}", method_, key,
+                 j.dump());
+    }
+  }
+  effective_[key] = v;
+  return v;
+}
+
 int64_t Params::get_int(const std::string& key, int64_t def) {
   int64_t v =
       given_.contains(key) ? parse_number<int64_t>(given_[key], key, method_, "an integer") : def;

@@ -150,6 +150,8 @@ class Params {
   double get_double(const std::string& key, double def);
   int64_t get_int(const std::string& key, int64_t def);
   bool get_bool(const std::string& key, bool def);
+  // A JSON array of numbers, or a string "0.1,0.2" (the command line's --param), or `def`.
+  std::vector<double> get_double_list(const std::string& key, const std::vector<double>& def);
   std::string get_string(const std::string& key, const std::string& def,
                          const std::vector<std::string>& allowed = {});
   // Throws kvlab::Error naming any given key that no getter asked for.
