@@ -981,6 +981,16 @@ std::vector<double> naive_knorm(const LayerKV& kv, int64_t h) {
   return sc;
 }
 
+// naive_knorm summed over the KV heads (chunkkv's and entropy_chunkkv's scores).
+std::vector<double> naive_knorm_summed(const LayerKV& kv) {
+  std::vector<double> summed(static_cast<size_t>(kv.keys.size(1)), 0.0);
+  for (int64_t h = 0; h < kv.keys.size(0); ++h) {
+    const auto sc = naive_knorm(kv, h);
+    for (size_t i = 0; i < summed.size(); ++i) summed[i] += sc[i];
+  }
+  return summed;
+}
+
 }  // namespace
 
 TEST_CASE("cur keeps the sinks, then the best windowed key x value leverage per KV head (naive loop)") {
@@ -1045,11 +1055,7 @@ TEST_CASE("chunkkv keeps the best chunks by head-summed mean score whole, then f
   for (int64_t b : {10, 45, 60, 100}) {
     INFO("budget=" << b);
     auto out = make_compressor("chunkkv", {{"scorer", "knorm"}})->compress(kv, entries(b));
-    std::vector<double> summed(107, 0.0);
-    for (int64_t h = 0; h < 3; ++h) {
-      const auto sc = naive_knorm(kv, h);
-      for (int64_t i = 0; i < 107; ++i) summed[i] += sc[i];
-    }
+    const std::vector<double> summed = naive_knorm_summed(kv);
     std::vector<double> mean(6, 0.0);
     for (int64_t c = 0; c < 6; ++c) {
       const int64_t len = c < 5 ? 20 : 7;
@@ -1150,11 +1156,7 @@ TEST_CASE("entropy_chunkkv: chunks by mean, spiky important ones cut to their be
   for (int64_t b : {5, 30, 61, 96}) {
     INFO("budget=" << b);
     auto out = make_compressor("entropy_chunkkv", {{"scorer", "knorm"}})->compress(kv, entries(b));
-    std::vector<double> s(97, 0.0);
-    for (int64_t h = 0; h < 3; ++h) {
-      const auto sc = naive_knorm(kv, h);  // negative: the entropy's shift is exercised
-      for (int64_t i = 0; i < 97; ++i) s[i] += sc[i];
-    }
+    const std::vector<double> s = naive_knorm_summed(kv);  // negative: the entropy's shift is exercised
     std::vector<double> mean, ent;
     for (int64_t c = 0; c < 10; ++c) {
       const int64_t from = c * 10, len = c < 9 ? 10 : 7;

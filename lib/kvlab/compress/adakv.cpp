@@ -34,35 +34,28 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 
 namespace {
 
-class AdaKV final : public Compressor {
+class AdaKV final : public detail::ScorerWrapper {
  public:
-  explicit AdaKV(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "alpha_safeguard"});
-    Params p(own, "adakv");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+  explicit AdaKV(const nlohmann::json& given) : ScorerWrapper("adakv") {
+    Params p = own_params(given, {"scorer", "alpha_safeguard"});
+    const std::string scorer = p.get_string("scorer", "snapkv", detail::top_score_methods());
     alpha_ = p.get_double("alpha_safeguard", 0.2);
     KVLAB_CHECK(alpha_ >= 0 && alpha_ <= 1, "adakv: parameter 'alpha_safeguard' must be in [0, 1], got {}", alpha_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "adakv"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
-    KVLAB_CHECK(scores.defined(), "adakv: scorer '{}' gives no per-position scores", scorer_name_);
+    at::Tensor scores = scorer_scores(kv, opt);  // [Hkv, n]
     const std::vector<char> kept = detail::adakv_selection(scores.data_ptr<double>(), h_kv, n, b, alpha_);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h)
@@ -72,10 +65,7 @@ class AdaKV final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   double alpha_ = 0.2;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

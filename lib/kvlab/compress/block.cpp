@@ -34,26 +34,22 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 
 namespace {
 
-class Block final : public Compressor {
+class Block final : public detail::ScorerWrapper {
  public:
-  explicit Block(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "block_size"});
-    Params p(own, "block");
-    scorer_name_ = p.get_string("scorer", "keydiff", {"knorm", "keydiff", "cur", "lagkv"});
+  explicit Block(const nlohmann::json& given) : ScorerWrapper("block") {
+    Params p = own_params(given, {"scorer", "block_size"});
+    const std::string scorer = p.get_string("scorer", "keydiff", {"knorm", "keydiff", "cur", "lagkv"});
     block_ = p.get_int("block_size", 128);
     KVLAB_CHECK(block_ >= 1, "block: parameter 'block_size' must be >= 1, got {}", block_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "block"; }
-  nlohmann::json params() const override { return params_; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
@@ -77,7 +73,7 @@ class Block final : public Compressor {
       part.pos0 = kv.pos0;
       part.layer = kv.layer;
       part.n_layers = kv.n_layers;
-      const at::Tensor sc = scorer_->keep_scores(part, opt).contiguous();  // [Hkv, m] float64
+      const at::Tensor sc = scorer_scores(part, opt).contiguous();  // [Hkv, m] float64
       for (int64_t h = 0; h < h_kv; ++h) {
         const double* s = sc.data_ptr<double>() + h * m;
         std::vector<int64_t> order(static_cast<size_t>(m));
@@ -93,10 +89,7 @@ class Block final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   int64_t block_ = 128;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

@@ -32,27 +32,23 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 
 namespace {
 
-class Chunk final : public Compressor {
+class Chunk final : public detail::ScorerWrapper {
  public:
-  explicit Chunk(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "chunk_length", "fill"});
-    Params p(own, "chunk");
-    scorer_name_ = p.get_string("scorer", "knorm", {"knorm", "keydiff", "cur", "lagkv"});
+  explicit Chunk(const nlohmann::json& given) : ScorerWrapper("chunk") {
+    Params p = own_params(given, {"scorer", "chunk_length", "fill"});
+    const std::string scorer = p.get_string("scorer", "knorm", {"knorm", "keydiff", "cur", "lagkv"});
     chunk_ = p.get_int("chunk_length", 1024);
     fill_ = p.get_bool("fill", true);
     KVLAB_CHECK(chunk_ >= 1, "chunk: parameter 'chunk_length' must be >= 1, got {}", chunk_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "chunk"; }
-  nlohmann::json params() const override { return params_; }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
@@ -85,7 +81,7 @@ class Chunk final : public Compressor {
       part.pos0 = kv.pos0 + from;
       part.layer = kv.layer;
       part.n_layers = kv.n_layers;
-      const at::Tensor sc = scorer_->keep_scores(part, opt).contiguous();  // [Hkv, len] float64
+      const at::Tensor sc = scorer_scores(part, opt).contiguous();  // [Hkv, len] float64
       for (int64_t h = 0; h < h_kv; ++h)
         for (int64_t i : detail::top_k_indices(sc.data_ptr<double>() + h * len, len, keep)) rows[h].push_back(from + i);
     }
@@ -94,11 +90,8 @@ class Chunk final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   int64_t chunk_ = 1024;
   bool fill_ = true;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

@@ -34,29 +34,23 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 
 namespace {
 
-class ChunkKV final : public Compressor {
+class ChunkKV final : public detail::ScorerWrapper {
  public:
-  explicit ChunkKV(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "chunk_length", "fill"});
-    Params p(own, "chunkkv");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+  explicit ChunkKV(const nlohmann::json& given) : ScorerWrapper("chunkkv") {
+    Params p = own_params(given, {"scorer", "chunk_length", "fill"});
+    const std::string scorer = p.get_string("scorer", "snapkv", detail::top_score_methods());
     chunk_ = p.get_int("chunk_length", 20);
     fill_ = p.get_bool("fill", true);
     KVLAB_CHECK(chunk_ >= 1, "chunkkv: parameter 'chunk_length' must be >= 1, got {}", chunk_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "chunkkv"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
@@ -64,8 +58,7 @@ class ChunkKV final : public Compressor {
     if (b >= n) return keep_all(kv);
     const int64_t full = n / chunk_, rest = n % chunk_, chunks = full + (rest > 0);
     if (full == 0) return scorer_->compress(kv, opt);  // kvpress: the scorer's own compress
-    const at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
-    KVLAB_CHECK(scores.defined(), "chunkkv: scorer '{}' gives no per-position scores", scorer_name_);
+    const at::Tensor scores = scorer_scores(kv, opt);  // [Hkv, n]
     const at::Tensor summed = scores.sum(0);                  // [n] float64
     const double* s = summed.data_ptr<double>();
     std::vector<double> mean(static_cast<size_t>(chunks), 0.0);  // [C]
@@ -102,11 +95,8 @@ class ChunkKV final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   int64_t chunk_ = 20;
   bool fill_ = true;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -66,34 +67,25 @@ double lower_median(std::vector<double> v) {
   return v[(v.size() - 1) / 2];
 }
 
-class EntropyChunkKV final : public Compressor {
+class EntropyChunkKV final : public detail::ScorerWrapper {
  public:
-  explicit EntropyChunkKV(const nlohmann::json& given) {
-    const auto [own, inner] =
-        detail::split_wrapper_params(given, {"scorer", "chunk_length", "low_entropy_chunk_length"});
-    Params p(own, "entropy_chunkkv");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+  explicit EntropyChunkKV(const nlohmann::json& given) : ScorerWrapper("entropy_chunkkv") {
+    Params p = own_params(given, {"scorer", "chunk_length", "low_entropy_chunk_length"});
+    const std::string scorer = p.get_string("scorer", "snapkv", detail::top_score_methods());
     chunk_ = p.get_int("chunk_length", 10);
     low_ = p.get_int("low_entropy_chunk_length", 4);
     KVLAB_CHECK(low_ >= 1 && low_ < chunk_,
                 "entropy_chunkkv: parameters 'low_entropy_chunk_length' ({}) and 'chunk_length' ({}) must satisfy "
                 "1 <= low_entropy_chunk_length < chunk_length",
                 low_, chunk_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "entropy_chunkkv"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    const at::Tensor scores = scorer_->keep_scores(kv, opt);  // [Hkv, n]
-    KVLAB_CHECK(scores.defined(), "entropy_chunkkv: scorer '{}' gives no per-position scores", scorer_name_);
+    const at::Tensor scores = scorer_scores(kv, opt);  // [Hkv, n]
     // Positions a scorer always keeps (snapkv's window, the sinks) score +inf in kvlab and the
     // layer's largest other score + 1 in kvpress: a finite value the chunk means and entropies can
     // use, as kvpress's.
@@ -138,10 +130,7 @@ class EntropyChunkKV final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   int64_t chunk_ = 10, low_ = 4;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
@@ -41,34 +42,25 @@ namespace {
 
 constexpr double kEps = 1e-6;  // kvpress's _EPS
 
-class Merging final : public Compressor {
+class Merging final : public detail::ScorerWrapper {
  public:
-  explicit Merging(const nlohmann::json& given) {
-    const auto [own, inner] =
-        detail::split_wrapper_params(given, {"scorer", "similarity_threshold", "merge_fraction"});
-    Params p(own, "merging");
-    scorer_name_ = p.get_string("scorer", "snapkv", detail::top_score_methods());
+  explicit Merging(const nlohmann::json& given) : ScorerWrapper("merging") {
+    Params p = own_params(given, {"scorer", "similarity_threshold", "merge_fraction"});
+    const std::string scorer = p.get_string("scorer", "snapkv", detail::top_score_methods());
     threshold_ = p.get_double("similarity_threshold", 0.0);
     fraction_ = p.get_double("merge_fraction", 1.0);
     KVLAB_CHECK(threshold_ >= 0.0 && threshold_ <= 1.0,
                 "merging: parameter 'similarity_threshold' must be in [0, 1], got {}", threshold_);
     KVLAB_CHECK(fraction_ > 0.0 && fraction_ <= 1.0, "merging: parameter 'merge_fraction' must be in (0, 1], got {}",
                 fraction_);
-    p.finish();
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "merging"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
-  ReconstructionRequest reconstruction() const override { return scorer_->reconstruction(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads(), d = kv.keys.size(2);
     const int64_t b = resolve_budget(opt, n);
     if (b >= n) return keep_all(kv);
-    const at::Tensor scores = scorer_->keep_scores(kv, opt).contiguous();  // [Hkv, n] float64
-    KVLAB_CHECK(scores.defined(), "merging: scorer '{}' gives no per-position scores", scorer_name_);
+    const at::Tensor scores = scorer_scores(kv, opt).contiguous();  // [Hkv, n]
     std::vector<std::vector<int64_t>> kept(static_cast<size_t>(h_kv)), evicted(static_cast<size_t>(h_kv));
     for (int64_t h = 0; h < h_kv; ++h) {
       kept[h] = detail::top_k_indices(scores.data_ptr<double>() + h * n, n, b);
@@ -101,10 +93,7 @@ class Merging final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   double threshold_ = 0.0, fraction_ = 1.0;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace

@@ -35,25 +35,24 @@
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/compress/query_scores.h"
+#include "kvlab/compress/wrapper.h"
 #include "kvlab/core/check.h"
 
 namespace kvlab {
 
 namespace {
 
-class PerLayer final : public Compressor {
+class PerLayer final : public detail::ScorerWrapper {
  public:
-  explicit PerLayer(const nlohmann::json& given) {
-    const auto [own, inner] = detail::split_wrapper_params(given, {"scorer", "compression_ratios"});
-    Params p(own, "per_layer");
-    scorer_name_ = p.get_string("scorer", "snapkv");
+  explicit PerLayer(const nlohmann::json& given) : ScorerWrapper("per_layer") {
+    Params p = own_params(given, {"scorer", "compression_ratios"});
+    const std::string scorer = p.get_string("scorer", "snapkv");
     removed_ = p.get_double_list("compression_ratios", {});
-    p.finish();
-    const CompressorInfo& info = compressor_info(scorer_name_);
+    const CompressorInfo& info = compressor_info(scorer);
     KVLAB_CHECK(!info.streaming && !info.wrapper && !info.needs_model() && !info.calibration && info.name != "exact",
                 "per_layer: parameter 'scorer' must name a method that compresses once after the prefill, reads "
                 "nothing from the model and wraps nothing (e.g. snapkv, knorm, keydiff, expected_attention); got '{}'",
-                scorer_name_);
+                scorer);
     for (size_t l = 0; l < removed_.size(); ++l)
       KVLAB_CHECK(removed_[l] >= 0.0 && removed_[l] < 1.0,
                   "per_layer: parameter 'compression_ratios' holds fractions removed, each in [0, 1); layer {}'s is {}",
@@ -63,12 +62,8 @@ class PerLayer final : public Compressor {
       for (double c : removed_) sum += 1.0 - c;
       mean_kept_ = sum / static_cast<double>(removed_.size());
     }
-    scorer_ = make_compressor(scorer_name_, inner);
-    params_ = detail::wrapper_params(p.effective(), *scorer_);
+    make_scorer(p, scorer);
   }
-  std::string name() const override { return "per_layer"; }
-  nlohmann::json params() const override { return params_; }
-  int64_t observation_queries() const override { return scorer_->observation_queries(); }
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     if (removed_.empty()) return scorer_->compress(kv, opt);
@@ -85,11 +80,8 @@ class PerLayer final : public Compressor {
   }
 
  private:
-  std::string scorer_name_;
   std::vector<double> removed_;
   double mean_kept_ = 1.0;
-  std::unique_ptr<Compressor> scorer_;
-  nlohmann::json params_;
 };
 
 }  // namespace
