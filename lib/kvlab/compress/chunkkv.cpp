@@ -61,12 +61,7 @@ class ChunkKV final : public detail::ScorerWrapper {
     const at::Tensor scores = scorer_scores(kv, opt);  // [Hkv, n]
     const at::Tensor summed = scores.sum(0);                  // [n] float64
     const double* s = summed.data_ptr<double>();
-    std::vector<double> mean(static_cast<size_t>(chunks), 0.0);  // [C]
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t from = c * chunk_, len = std::min(chunk_, n - from);
-      for (int64_t i = from; i < from + len; ++i) mean[c] += s[i];
-      mean[c] /= double(len);
-    }
+    const std::vector<double> mean = detail::chunk_means(s, n, chunk_);  // [C]
     std::vector<int64_t> rows;
     auto take_chunk = [&](int64_t c) {
       for (int64_t i = c * chunk_; i < std::min(n, (c + 1) * chunk_); ++i) rows.push_back(i);
@@ -75,10 +70,7 @@ class ChunkKV final : public detail::ScorerWrapper {
       const int64_t keep = std::max<int64_t>(1, static_cast<int64_t>(double(chunks) * resolve_kept_fraction(opt, n)));
       for (int64_t c : detail::top_k_indices(mean.data(), chunks, keep)) take_chunk(c);
     } else {  // the best chunks whole while they fit in b, then the rest of b from the next one's best positions
-      std::vector<int64_t> order(static_cast<size_t>(chunks));  // chunks by mean, best first, ties to the lower
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return mean[a] > mean[c]; });
-      for (int64_t c : order) {
+      for (int64_t c : detail::best_first(mean)) {
         const int64_t len = std::min(chunk_, n - c * chunk_), room = b - int64_t(rows.size());
         if (room <= 0) break;
         if (len <= room) {

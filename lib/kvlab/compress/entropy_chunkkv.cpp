@@ -94,20 +94,13 @@ class EntropyChunkKV final : public detail::ScorerWrapper {
     const at::Tensor summed = at::where(finite, scores, at::full_like(scores, top + 1.0)).sum(0).contiguous();  // [n]
     const double* s = summed.data_ptr<double>();
     const int64_t chunks = (n + chunk_ - 1) / chunk_;
-    std::vector<double> mean(static_cast<size_t>(chunks), 0.0), entropy(static_cast<size_t>(chunks));  // [C]
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t from = c * chunk_, len = std::min(chunk_, n - from);
-      for (int64_t i = from; i < from + len; ++i) mean[c] += s[i];
-      mean[c] /= double(len);
-      entropy[c] = chunk_entropy(s + from, len);
-    }
+    const std::vector<double> mean = detail::chunk_means(s, n, chunk_);  // [C]
+    std::vector<double> entropy(static_cast<size_t>(chunks));                  // [C]
+    for (int64_t c = 0; c < chunks; ++c) entropy[c] = chunk_entropy(s + c * chunk_, std::min(chunk_, n - c * chunk_));
     const double m_s = lower_median(mean), m_h = lower_median(entropy);
-    std::vector<int64_t> order(static_cast<size_t>(chunks));  // chunks by mean, best first, ties to the lower
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return mean[a] > mean[c]; });
     std::vector<char> keep(static_cast<size_t>(n), 0);
     int64_t left = b;
-    for (int64_t c : order) {
+    for (int64_t c : detail::best_first(mean)) {
       if (left <= 0) break;
       const int64_t from = c * chunk_, len = std::min(chunk_, n - from);
       int64_t take = std::min(len, left);

@@ -46,4 +46,10 @@ class ScorerWrapper : public Compressor {
   nlohmann::json inner_, params_;
 };
 
+// The chunked wrappers' (chunkkv, entropy_chunkkv) view of summed scores s [n]: the mean of each
+// chunk of `chunk` positions (the last one shorter), [ceil(n / chunk)]; and chunks ordered by their
+// mean, best first, ties to the lower chunk.
+std::vector<double> chunk_means(const double* s, int64_t n, int64_t chunk);
+std::vector<int64_t> best_first(const std::vector<double>& mean);
+
 }  // namespace kvlab::detail
