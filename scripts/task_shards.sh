@@ -12,7 +12,8 @@
 #   CONFIG=configs/qwen/niah_chelsea_4k.json scripts/task_shards.sh 1 4 1
 # (scripts/ruler_shards.sh, what the RULER runs' READMEs name, is this script.)
 # OPENBLAS_CORETYPE is unset, as for every shard so far: the environment's Haswell pin halves
-# OpenBLAS's speed on these AVX-512 machines (README, "Speed").
+# OpenBLAS's speed on these AVX-512 machines (README, "Speed"); kvlab itself then pins AVX-512
+# kernels where OpenBLAS would fall back to SSE3 ones on a CPU it does not know (core/blas.h).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: scripts/task_shards.sh STEP [N_SHARDS] [WORKERS]}

@@ -29,11 +29,18 @@
 // re-executes itself once with the passive policy unless the user chose one. The re-exec costs one
 // more dynamic load (~0.1-0.3 s); if /proc/self/exe cannot be executed kvlab runs on as it is.
 namespace {
+//
+// The same exec carries OPENBLAS_CORETYPE where OpenBLAS fell back to kernels without AVX-512 on a
+// CPU that has it (kvlab::blas_core_to_pin, core/blas.h: 3.3x slower prefill on Sapphire Rapids).
 void ensure_passive_omp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  const bool omp = std::getenv("OMP_WAIT_POLICY") == nullptr;
+  const std::string core = kvlab::blas_core_to_pin();
+  if (!omp && core.empty()) return;
+  if (omp && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  if (!core.empty() && setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0) return;
   execv("/proc/self/exe", argv);
-  unsetenv("OMP_WAIT_POLICY");  // the exec failed: the policy of this process is the default one
+  if (omp) unsetenv("OMP_WAIT_POLICY");  // the exec failed: this process runs on as it is
+  if (!core.empty()) unsetenv("OPENBLAS_CORETYPE");
 }
 
 // The forward pass allocates and frees tensors of megabytes every layer. glibc serves blocks above

@@ -27,4 +27,13 @@ void set_blas_threads(int n);
 // 425 instead of 262 tokens/s on one thread (issue 13).
 std::string blas_core_warning();
 
+// The OPENBLAS_CORETYPE a process should run under, "" = leave it as it is: when the variable is
+// unset, a DYNAMIC_ARCH OpenBLAS chose kernels without AVX-512 (its own choice, not a pin) and the
+// CPU has AVX-512 (F, BW, DQ, VL), "Cooperlake" (with AVX512_BF16) or "SkylakeX". OpenBLAS 0.3.21
+// does not know CPUs newer than itself (Sapphire Rapids) and falls back to its SSE3 kernels
+// ("Prescott"): there, prefill of 1,432 tokens of SmolLM2-135M on one thread took 32.1 s, and
+// 9.8 s with Cooperlake's (2026-12-07). OpenBLAS reads the variable once, when it is loaded, so
+// kvlab's main and the tests' main set it and execute themselves again (/proc/self/exe).
+std::string blas_core_to_pin();
+
 }  // namespace kvlab
