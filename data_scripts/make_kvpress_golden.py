@@ -111,7 +111,8 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
              "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)",
              "BlockPress(KeyDiffPress, block_size=64)", "EntropyGatedChunkKVPress(KnormPress)",
              "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
-             "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)"}
+             "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
+             "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)"}
 
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
@@ -119,7 +120,8 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
 ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "ChunkPress(KnormPress, chunk_length=128)",
          "CapPress", "BlockPress(KeyDiffPress, block_size=64)", "PerLayerCompressionPress(SnapKVPress, linear)",
          "EntropyGatedChunkKVPress(KnormPress)", "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
-         "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)"}
+         "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
+         "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -245,6 +247,12 @@ def make_configs(kvpress):
                      lambda r: kvpress.MergingPress(press=kvpress.SnapKVPress(
                          compression_ratio=r, window_size=32, kernel_size=5), similarity_threshold=0.2,
                          merge_fraction=0.75), "sdpa"))
+    if hasattr(kvpress, "SimLayerKVPress"):
+        # a threshold that splits both prompts' layers with a margin of 3e-4 or more (lazy scores
+        # 0.24-0.87 here), and a recent window of 64 (the default 1024 exceeds both prompts); the
+        # press ignores the compression ratio (its threshold sets the memory).
+        cfgs.append(("SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
+                     lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.55, n_recent=64), "sdpa"))
     return cfgs
 
 
@@ -372,6 +380,33 @@ class Recorder:
         self.is_block = type(press).__name__ == "BlockPress"
         # PerLayerCompressionPress sets its ScorerPress's ratio per layer and runs its hook: recorded
         # as that ScorerPress (its compression_ratio read while the layer is compressed).
+        # SimLayerKVPress has no scorer: a layer keeps all or its lazy set, by a score of the layer
+        # (recorded from is_lazy, recomputed as it does and checked against its decision).
+        self.is_simlayer = type(press).__name__ == "SimLayerKVPress"
+        if self.is_simlayer:
+            self._lazy = None
+            orig_lazy, orig_sl_compress = press.is_lazy, press.compress
+
+            def is_lazy(module, hidden_states, keys, position_embeddings):
+                from kvpress.presses.snapkv_press import SnapKVPress
+                aw = SnapKVPress.compute_window_attention(module, hidden_states, keys, press.n_last,
+                                                          position_embeddings).mean((0, 1, 2))
+                s = (aw[: press.n_initial].sum() + aw[-press.n_recent:].sum()).item()
+                lazy = orig_lazy(module, hidden_states, keys, position_embeddings)
+                assert lazy == (s > press.lazy_threshold)
+                self._lazy = s
+                return lazy
+
+            def sl_compress(module, hidden_states, keys, values, attentions, kwargs):
+                self._lazy = None
+                out_k, out_v = orig_sl_compress(module, hidden_states, keys, values, attentions, kwargs)
+                self.record_simlayer(module, keys, out_k)
+                return out_k, out_v
+
+            press.is_lazy = is_lazy
+            press.compress = sl_compress
+            self.layers = {}
+            return
         if type(press).__name__ == "PerLayerCompressionPress":
             press = press.press
             self.press = press
@@ -399,6 +434,21 @@ class Recorder:
 
         self.scorer.score = score
         press.compress = compress
+
+    def record_simlayer(self, module, keys, out_k):
+        """SimLayerKVPress: the kept positions (all, or its lazy set gathered from the cache); a layer
+        whose lazy score is within TIE_RTOL of the threshold has every position it could drop in its
+        tie band (kvlab's float64 sum may decide it the other way)."""
+        layer, n = module.layer_idx, keys.shape[2]
+        assert layer not in self.layers, layer
+        pos = gathered_positions(keys, out_k) if out_k.shape[2] < n else list(range(n))
+        s = self._lazy
+        near = s is not None and abs(s - self.press.lazy_threshold) <= TIE_RTOL * self.press.lazy_threshold
+        lazy_set = set(range(self.press.n_initial)) | set(range(n - self.press.n_recent + self.press.n_last, n))
+        band = sorted(set(range(n)) - lazy_set) if near else []
+        self.layers[layer] = {"n": n, "n_kept": [len(pos)] * self.n_kv, "kept": [pos] * self.n_kv,
+                              "tie_band": [band] * self.n_kv, "scores": torch.full((self.n_kv, 1), float("nan")),
+                              "lazy_score": s}
 
     def chunked_selection(self, keys, out_k, layer):
         """ChunkPress.compress's selection from the scores of each chunk (recorded in call order),
@@ -736,6 +786,8 @@ def main():
                     "kept": [[mask_hex(k, len(p["ids"])) for k in x["kept"]] for x in L],
                     "tie_band": [x["tie_band"] for x in L],
                 }
+                if "lazy_score" in L[0]:  # SimLayerKVPress: each layer's score (None: not scored)
+                    res["lazy_score"] = [None if x["lazy_score"] is None else F32(x["lazy_score"]) for x in L]
                 if name in NO_SCORES:
                     res["scores_not_recorded"] = True
                 elif same:

@@ -144,6 +144,9 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params);
   check_quantized_methods(methods, true, "a prefill-only method (bench generate streams every streaming method)");
+  for (const auto& m : methods)
+    KVLAB_CHECK(!m.own_memory(), "--method {}: bench generate times branches at a budget, and {} keeps what its own "
+                "threshold decides; time it with kvlab generate", m.label(), m.name);
   auto budgets = o.settings();
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;

@@ -136,7 +136,9 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
   std::vector<BranchOptions> bos;
   std::vector<Budget> settings;
   for (const auto& m : methods)
-    for (const auto& b : budgets) {
+    for (const auto& given : budgets) {
+      if (m.own_memory() && &given != &budgets.front()) break;  // its threshold decides: one branch
+      const Budget b = m.own_memory() ? Budget::of_ratio(1.0) : given;
       specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
                        !o.prefill_only, /*count_whole=*/true, o.rerotate, DecodingRule{o.compress_every}});
       BranchOptions bo;

@@ -250,19 +250,24 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     auto unit = load_unit(cap, s, l, proto, qkv);
     std::string kept_lines;
     for (const auto& m : methods)
-      for (const auto& b : settings)
+      for (const auto& given : settings) {
+        if (m.own_memory() && &given != &settings.front()) break;  // its threshold decides: one setting
+        const Budget b = m.own_memory() ? Budget::of_ratio(1.0) : given;
+        const std::string setting = m.own_memory() ? "own" : b.label();
         for (uint64_t seed : seeds) {
           nlohmann::json kept;
           for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto, o.kept_out ? &kept : nullptr)) {
-            r["setting"] = b.label();
+            r["setting"] = setting;
             rows.push_back(std::move(r));
           }
           if (o.kept_out)
             kept_lines += nlohmann::json{{"sample", s}, {"sample_id", cap.sample(s).sample_id}, {"layer", l},
                                          {"method", m.label()}, {"params", m.compressor->params()},
-                                         {"setting", b.label()}, {"seed", seed}, {"kv_heads", kept}}.dump() + "\n";
+                                         {"setting", setting}, {"seed", seed}, {"kv_heads", kept}}.dump() + "\n";
           progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.label()));
         }
+        if (m.own_memory()) progress.advance(int64_t((settings.size() - 1) * seeds.size()), "");
+      }
     if (o.kept_out) {
       std::ofstream kf(run.file("kept.jsonl"), std::ios::app);  // a unit's lines once it is done
       kf << kept_lines;

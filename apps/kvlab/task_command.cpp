@@ -94,7 +94,7 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
       branches.insert(branches.begin(), {"exact", m, Budget::of_ratio(1.0)});
       continue;
     }
-    if (m.name == "exact") {  // the full cache quantized ("kivi2"): no budget applies
+    if (m.budget_free()) {  // the full cache quantized ("kivi2"), or a method's own threshold: no budget applies
       branches.push_back({task_branch_label(m, Budget::of_ratio(1.0)), m, Budget::of_ratio(1.0)});
       continue;
     }

@@ -848,6 +848,34 @@ TEST_CASE("cli: kvzip runs in a task command and in generate, its second prefill
   for (const auto& b : branches) CHECK(b["reconstruction_seconds"].get<double>() > 0);
 }
 
+TEST_CASE("cli: a method whose threshold sets its memory runs once whatever the budgets (simlayerkv, issue 53)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_own_memory");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --max-new-tokens 4 --quiet ";
+  // Threshold 0: every layer is lazy and keeps its 4 first and 15 last positions.
+  auto r = run_kvlab(niah + "--method snapkv,simlayerkv --ratio 0.5,0.25 --param simlayerkv.lazy_threshold=0 "
+                     "--param simlayerkv.n_recent=16 --out " + dir + "/niah");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  std::set<std::string> folders;
+  for (const auto& e : fs::directory_iterator(dir + "/niah/pred")) folders.insert(e.path().filename().string());
+  CHECK(folders == std::set<std::string>{"exact", "snapkv_ratio0.5", "snapkv_ratio0.25", "simlayerkv"});
+  std::ifstream in(dir + "/niah/pred/simlayerkv/niah.jsonl");
+  std::string text;
+  REQUIRE(std::getline(in, text));
+  CHECK(nlohmann::json::parse(text)["entries_start"].get<double>() == doctest::Approx(19.0));
+  const auto rows = nlohmann::json::parse(test::read_file(dir + "/niah/result.json"))["rows"];
+  int own = 0;
+  for (const auto& row : rows)
+    if (row["method"] == "simlayerkv") own += row["setting"] == "own";
+  CHECK(own >= 1);
+  // It has no budget to compress to again while decoding.
+  auto d = run_kvlab(niah + "--method simlayerkv --ratio 0.5 --decode-rule compress:32 --out " + dir + "/decode");
+  CHECK(d.code != 0);
+  CHECK(d.out.find("simlayerkv keeps what its own threshold decides") != std::string::npos);
+}
+
 TEST_CASE("cli: quantized branches by name in a task command and replay (issue 52)") {
   const std::string model = test::shared_dir() + "/models/stories260K";
   if (!fs::exists(model + "/model.safetensors")) return;

@@ -1262,3 +1262,59 @@ TEST_CASE("merging: knorm's top b kept, each evicted value folded into its most 
   }
   CHECK_THROWS_WITH_AS(make_compressor("merging", {{"merge_fraction", 0.0}}), doctest::Contains("merge_fraction"), Error);
 }
+
+TEST_CASE("simlayerkv: a layer whose last queries put more than the threshold on the first + recent keys keeps only those (naive loop)") {
+  // 60 keys, queries at 57, 58, 59; kvpress's rule with 4 initial, 16 recent and n_last 1 or 2.
+  const int64_t n = 60;
+  auto kv = random_region(n, 3, 2, 2, 8, 31);
+  auto params = [](double thr, int64_t n_last) {
+    return nlohmann::json{{"lazy_threshold", thr}, {"n_last", n_last}, {"n_recent", 16}, {"n_initial", 4}};
+  };
+  for (int64_t n_last : {1, 2}) {
+    INFO("n_last=" << n_last);
+    // The score by loops: mean over query heads and the last n_last queries of each one's softmax
+    // over the keys it sees (causal), summed on positions < 4 and [P - 16, P), P = the first window query.
+    const int64_t P = n - n_last;
+    std::vector<double> p(static_cast<size_t>(P), 0.0);
+    for (int64_t j = 3 - n_last; j < 3; ++j) {
+      const int64_t qpos = n - 3 + j;
+      std::vector<int64_t> seen(static_cast<size_t>(qpos + 1));
+      std::iota(seen.begin(), seen.end(), int64_t{0});
+      const auto m = naive_head_mean(kv.keys, kv.queries, j, seen);
+      for (int64_t i = 0; i < P; ++i) p[i] += m[i] / static_cast<double>(n_last);
+    }
+    double s = 0;
+    for (int64_t i = 0; i < P; ++i)
+      if (i < 4 || i >= P - 16) s += p[i];
+    REQUIRE(s > 0.05);
+    REQUIRE(s < 0.95);
+    std::vector<int64_t> lazy_kept;  // positions < 4 and the last 16 - n_last of the prompt
+    for (int64_t i = 0; i < n; ++i)
+      if (i < 4 || i >= n - (16 - n_last)) lazy_kept.push_back(i);
+    auto lazy = make_compressor("simlayerkv", params(s - 1e-9, n_last))->compress(kv, entries(5));
+    for (int64_t h = 0; h < 2; ++h) CHECK(row(lazy.kept_idx, h) == lazy_kept);  // the budget plays no part
+    auto busy = make_compressor("simlayerkv", params(s + 1e-9, n_last))->compress(kv, entries(5));
+    CHECK(busy.kept_idx.size(1) == n);
+    // The same prompt with its first 6 positions outside the region (exact sinks): the score is the
+    // prompt's, the kept region indices the same positions.
+    LayerKV split = kv;
+    split.prefix_keys = kv.keys.narrow(1, 0, 6);
+    split.keys = kv.keys.narrow(1, 6, n - 6);
+    split.values = kv.values.narrow(1, 6, n - 6);
+    split.pos0 = 6;
+    auto lazy_split = make_compressor("simlayerkv", params(s - 1e-9, n_last))->compress(split, entries(5));
+    std::vector<int64_t> shifted;
+    for (int64_t i : lazy_kept)
+      if (i >= 6) shifted.push_back(i - 6);
+    CHECK(row(lazy_split.kept_idx, 1) == shifted);
+    CHECK(make_compressor("simlayerkv", params(s + 1e-9, n_last))->compress(split, entries(5)).kept_idx.size(1) == n - 6);
+  }
+  // Nothing compressed at threshold 1 (kvpress's default) or on a prompt of at most 4 + 16 + 1 tokens.
+  CHECK(make_compressor("simlayerkv", params(1.0, 1))->compress(kv, entries(5)).kept_idx.size(1) == n);
+  auto short_kv = random_region(21, 2, 2, 2, 8, 32);
+  CHECK(make_compressor("simlayerkv", params(0.0, 1))->compress(short_kv, entries(5)).kept_idx.size(1) == 21);
+  CHECK(make_compressor("simlayerkv", params(0.5, 3))->observation_queries() == 3);
+  CHECK(compressor_info("simlayerkv").own_memory);
+  CHECK_THROWS_WITH_AS(make_compressor("simlayerkv", {{"n_recent", 2}, {"n_last", 2}}),
+                       doctest::Contains("'n_recent' must be > n_last"), Error);
+}

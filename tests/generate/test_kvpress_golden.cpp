@@ -22,6 +22,8 @@
 //   PerLayerCompressionPress(SnapKVPress(32,5), a linear list)  per_layer scorer=snapkv window=32 kernel=5
 //                                 pooling=avg compression_ratios=<the list> (the budget as kvpress's ratio,
 //                                 the list's mean: every layer's count as kvpress's)
+//   SimLayerKVPress(threshold 0.55, 64 recent)  simlayerkv with the same four parameters (a layer keeps
+//                                 all or its 4 first + 63 last positions; the ratio plays no part)
 //   LagKVPress(n_sink 4, lag 128) lagkv n_sink=4 lag_size=128
 //   AdaKVPress(KnormPress)        adakv scorer=knorm
 //   AdaKVPress(SnapKVPress(32,5)) adakv scorer=snapkv window=32 kernel=5 pooling=avg
@@ -148,6 +150,9 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "BlockPress") return wrapped("block", {{"block_size", p["block_size"]}}, p["press"]);
   if (press == "PerLayerCompressionPress")
     return wrapped("per_layer", {{"compression_ratios", p["compression_ratios"]}}, p["press"]);
+  if (press == "SimLayerKVPress")
+    return {"simlayerkv", {{"lazy_threshold", p["lazy_threshold"]}, {"n_last", p["n_last"]}, {"n_recent", p["n_recent"]},
+                           {"n_initial", p["n_initial"]}}};
   if (press == "ChunkKVPress") return wrapped("chunkkv", {{"chunk_length", p["chunk_length"]}, {"fill", false}}, p["press"]);
   if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
     return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
@@ -419,7 +424,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 116);  // 29 presses x 2 ratios x 2 prompts
+  CHECK(compared_sets == 120);  // 30 press configurations x 2 ratios x 2 prompts
 }
 
 using test::method_spec;

@@ -200,6 +200,11 @@ struct CompressorInfo {
   // `kvlab calibrate duo`; its paper preset's required_file): without one it refuses, so the
   // every-method tests and --method all leave it to its own.
   bool calibration = false;
+  // Keeps what a threshold of its own decides, not the run's budget (simlayerkv's lazy layers,
+  // dms's score threshold): one branch whatever the budgets of a run, labelled without one, its
+  // rows reporting the entries it held; an equal-memory comparison pairs it with branches at those
+  // entries. Refused by --decode-rule compress and bench generate.
+  bool own_memory = false;
 
   bool reads(const std::string& input) const { return std::find(inputs.begin(), inputs.end(), input) != inputs.end(); }
   // Runs only where the model is loaded (generation, ppl, the task commands), not on a capture.

@@ -119,6 +119,8 @@ void check_decoding_compressible(const std::string& name, const Compressor& meth
   KVLAB_CHECK(wants <= seen, "--decode-rule compress:{}: {} scores with its last {} queries, and a compression sees "
               "the {} decoded since the last one; give N >= {} or a smaller window", every, name, wants, seen, wants);
   const CompressorInfo& info = compressor_info(name);
+  KVLAB_CHECK(!info.own_memory, "--decode-rule compress: {} keeps what its own threshold decides, not a budget to "
+              "compress to again; give --decode-rule prefill", name);
   KVLAB_CHECK(!info.reads(inputs::rope_inv_freq), "--decode-rule compress: {} un-rotates its keys by their "
               "positions, and the entries held after a compression no longer sit at contiguous positions; give "
               "--decode-rule prefill or stream", name);

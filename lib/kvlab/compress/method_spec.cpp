@@ -76,6 +76,9 @@ std::string MethodSpec::label() const {
   return name == "exact" ? quant->name() : base + "+" + quant->name();
 }
 
+bool MethodSpec::own_memory() const { return name != "exact" && compressor_info(name).own_memory; }
+bool MethodSpec::budget_free() const { return name == "exact" || own_memory(); }
+
 namespace {
 
 // "snapkv+kivi2" -> {"snapkv", kivi2}; "kivi2" -> {"exact", kivi2}; "snapkv" -> {"snapkv", null}.

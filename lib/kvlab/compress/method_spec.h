@@ -41,6 +41,10 @@ struct MethodSpec {
   std::string label() const;
   // The full-precision full cache, every run's reference.
   bool full_cache() const { return name == "exact" && !quant; }
+  // One branch whatever the run's budgets: the full cache (quantized or not), or a method that keeps
+  // what its own threshold decides (CompressorInfo::own_memory).
+  bool budget_free() const;
+  bool own_memory() const;  // CompressorInfo::own_memory of the method
   // What ran: {"method", "preset", "params" (every effective value), "keep_first", "keep_last"}
   // with the run's keep values filled in.
   nlohmann::json describe(int64_t run_keep_first, int64_t run_keep_last) const;

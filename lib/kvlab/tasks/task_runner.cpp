@@ -135,7 +135,7 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
   nlohmann::json row = {{"branch", branch.label},
                         {"method", branch.method.label()},
                         {"preset", branch.method.preset},
-                        {"setting", branch.method.name == "exact" ? "full" : branch.budget.label()},
+                        {"setting", branch.method.name == "exact" ? "full" : branch.method.budget_free() ? "own" : branch.budget.label()},
                         {"params", branch.method.compressor ? branch.method.compressor->params() : nlohmann::json()},
                         {"dataset", task.dataset},
                         {"n", ids.size()},
@@ -165,7 +165,7 @@ nlohmann::json task_summary_row(const TaskBranch& branch, const TaskSpec& task, 
 }
 
 std::string task_branch_label(const MethodSpec& method, const Budget& budget) {
-  if (method.name == "exact") return method.label();  // "exact", or the full cache quantized: "kivi2"
+  if (method.budget_free()) return method.label();  // "exact", the full cache quantized ("kivi2"), "simlayerkv"
   std::string b = budget.label();
   b.erase(std::remove(b.begin(), b.end(), '='), b.end());
   return method.label() + "_" + b;
