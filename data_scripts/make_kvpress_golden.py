@@ -112,7 +112,9 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
              "BlockPress(KeyDiffPress, block_size=64)", "EntropyGatedChunkKVPress(KnormPress)",
              "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
              "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
-             "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)"}
+             "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
+             "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
+             "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)"}
 
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
@@ -121,7 +123,9 @@ ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "C
          "CapPress", "BlockPress(KeyDiffPress, block_size=64)", "PerLayerCompressionPress(SnapKVPress, linear)",
          "EntropyGatedChunkKVPress(KnormPress)", "EntropyGatedChunkKVPress(SnapKVPress)", "MergingPress(KnormPress)",
          "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
-         "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)"}
+         "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
+         "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
+         "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -253,6 +257,16 @@ def make_configs(kvpress):
         # press ignores the compression ratio (its threshold sets the memory).
         cfgs.append(("SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
                      lambda r: kvpress.SimLayerKVPress(lazy_threshold=0.55, n_recent=64), "sdpa"))
+    if hasattr(kvpress, "DMSPress"):
+        # thresholds near the median score of the prompts' positions (knorm's -|k|: -17.07; SnapKV's mean
+        # window attention: 3e-4 to 6e-4), a window of 64; prefill only (decoding=False, its default);
+        # the press ignores the compression ratio (its threshold sets the memory).
+        cfgs.append(("DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
+                     lambda r: kvpress.DMSPress(press=kvpress.KnormPress(), threshold=-17.0, sliding_window_size=64),
+                     "sdpa"))
+        cfgs.append(("DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
+                     lambda r: kvpress.DMSPress(press=kvpress.SnapKVPress(window_size=32, kernel_size=5),
+                                                threshold=0.0005, sliding_window_size=64), "sdpa"))
     return cfgs
 
 
@@ -407,6 +421,28 @@ class Recorder:
             press.compress = sl_compress
             self.layers = {}
             return
+        # DMSPress masks (module.masked_key_indices, as AdaKV) from its hook, not compress: the hook is
+        # wrapped to record the prefill's masked positions, the inner scorer's score to keep its scores.
+        if type(press).__name__ == "DMSPress":
+            self._last_scores = None
+            inner = press.press
+            orig_inner_score, orig_hook = inner.score, press.forward_hook
+
+            def dms_score(*args, **kwargs):
+                s = orig_inner_score(*args, **kwargs)
+                self._last_scores = s.detach().clone()
+                return s
+
+            def dms_hook(module, input, kwargs, output):
+                out = orig_hook(module, input, kwargs, output)
+                if module.layer_idx not in self.layers:  # the prefill's call
+                    self.record_dms(module)
+                return out
+
+            inner.score = dms_score
+            press.forward_hook = dms_hook
+            self.layers = {}
+            return
         if type(press).__name__ == "PerLayerCompressionPress":
             press = press.press
             self.press = press
@@ -434,6 +470,27 @@ class Recorder:
 
         self.scorer.score = score
         press.compress = compress
+
+    def record_dms(self, module):
+        """DMSPress: kept = the complement of the masked positions per KV head (heads differ); the tie
+        band of a head is its positions outside the window whose score is within TIE_RTOL of the
+        threshold."""
+        s, thr, w = self._last_scores, self.press.threshold, self.press.sliding_window_size
+        n = s.shape[-1]
+        mask = torch.ones(self.n_kv, n, dtype=torch.bool)
+        if module.masked_key_indices is not None:
+            b_idx, h_idx, p_idx = module.masked_key_indices
+            assert int(b_idx.max()) == 0
+            mask[h_idx, p_idx] = False
+        s64 = s[0].double()
+        for h in range(self.n_kv):  # the rule, recomputed: evicted = outside the window and below
+            want = (s64[h] >= thr) | (torch.arange(n) >= n - w)
+            assert torch.equal(want, mask[h]) or n <= w, f"layer {module.layer_idx} head {h}"
+        kept = [mask[h].nonzero().flatten().tolist() for h in range(self.n_kv)]
+        tol = TIE_RTOL * abs(thr)
+        bands = [[p for p in range(max(0, n - w)) if abs(float(s64[h, p]) - thr) <= tol] for h in range(self.n_kv)]
+        self.layers[module.layer_idx] = {"n": n, "n_kept": [len(k) for k in kept], "kept": kept,
+                                         "tie_band": bands, "scores": s[0].clone()}
 
     def record_simlayer(self, module, keys, out_k):
         """SimLayerKVPress: the kept positions (all, or its lazy set gathered from the cache); a layer

@@ -1318,3 +1318,38 @@ TEST_CASE("simlayerkv: a layer whose last queries put more than the threshold on
   CHECK_THROWS_WITH_AS(make_compressor("simlayerkv", {{"n_recent", 2}, {"n_last", 2}}),
                        doctest::Contains("'n_recent' must be > n_last"), Error);
 }
+
+TEST_CASE("dms: per KV head, the positions outside the recent window whose scorer's score is below the threshold are evicted (naive loop)") {
+  // 50 keys on 3 KV heads; knorm's -|k| against the median of head 0's scores, a window of 8.
+  auto kv = random_region(50, 2, 3, 1, 6, 41);
+  std::vector<double> all;
+  for (int64_t h = 0; h < 3; ++h)
+    for (double x : naive_knorm(kv, h)) all.push_back(x);
+  std::vector<double> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  const double thr = 0.5 * (sorted[70] + sorted[71]);  // between two scores: no tie
+  auto out = make_compressor("dms", {{"scorer", "knorm"}, {"threshold", thr}, {"sliding_window_size", 8}})
+                 ->compress(kv, entries(3));  // the budget plays no part
+  std::set<size_t> counts;
+  for (int64_t h = 0; h < 3; ++h) {
+    const auto sc = naive_knorm(kv, h);
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < 50; ++i)
+      if (i >= 42 || sc[i] >= thr) want.push_back(i);
+    std::vector<int64_t> got;
+    auto r = out.kept_idx[h].contiguous();
+    for (int64_t j = 0; j < r.numel(); ++j)
+      if (r.data_ptr<int64_t>()[j] >= 0) got.push_back(r.data_ptr<int64_t>()[j]);
+    std::sort(got.begin(), got.end());
+    CHECK(got == want);
+    counts.insert(want.size());
+  }
+  CHECK(counts.size() > 1);  // heads keep different counts (padding)
+  // snapkv's window scores +inf: always kept; nothing evicted from a prompt inside the window.
+  auto snap = make_compressor("dms:snapkv", {{"threshold", 1e9}, {"sliding_window_size", 0}, {"window", 2}})->compress(kv, entries(3));
+  for (int64_t h = 0; h < 3; ++h) CHECK(row(snap.kept_idx, h) == std::vector<int64_t>{48, 49});
+  CHECK(make_compressor("dms", {{"threshold", 0.0}, {"sliding_window_size", 50}})->compress(kv, entries(3)).kept_idx.size(1) == 50);
+  CHECK(make_compressor("dms", nlohmann::json::object())->compress(kv, entries(3)).kept_idx.size(1) == 50);  // no threshold given
+  CHECK(compressor_info("dms").own_memory);
+  CHECK_THROWS_WITH_AS(make_compressor("dms:chelsea", {}), doctest::Contains("parameter 'scorer'"), Error);
+}
