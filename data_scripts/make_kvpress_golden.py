@@ -18,7 +18,11 @@ Usage:
   ... --only CURPress    (a press added later: run alone, added to smollm2_added.json, which has
                           the same header; CURPress, ChunkKVPress(...), ChunkPress(...),
                           CapPress, BlockPress(...), PerLayerCompressionPress(...) and
-                          EntropyGatedChunkKVPress(...) and MergingPress(...) were added so)
+                          EntropyGatedChunkKVPress(...), MergingPress(...), SimLayerKVPress(...),
+                          DMSPress(...), ThinKPress(...) and ComposedPress(...) were added so)
+
+ThinKPress (alone, and after SnapKVPress inside ComposedPress) also records, per layer and KV head,
+the key channels it zeroes ("pruned_channels") and their tie band at the cut ("channel_tie_band").
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -84,6 +88,7 @@ import json
 import math
 import os
 import sys
+import types
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -114,7 +119,9 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
              "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
              "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
              "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
-             "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)"}
+             "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
+             "ThinKPress(key_channel_compression_ratio=0.5)",
+             "ComposedPress(SnapKVPress, ThinKPress(0.5))"}
 
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
@@ -125,7 +132,9 @@ ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "C
          "MergingPress(SnapKVPress, similarity_threshold=0.2, merge_fraction=0.75)",
          "SimLayerKVPress(lazy_threshold=0.55, n_recent=64)",
          "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
-         "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)"}
+         "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
+         "ThinKPress(key_channel_compression_ratio=0.5)",
+         "ComposedPress(SnapKVPress, ThinKPress(0.5))"}
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -267,6 +276,15 @@ def make_configs(kvpress):
         cfgs.append(("DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
                      lambda r: kvpress.DMSPress(press=kvpress.SnapKVPress(window_size=32, kernel_size=5),
                                                 threshold=0.0005, sliding_window_size=64), "sdpa"))
+    if hasattr(kvpress, "ThinKPress") and hasattr(kvpress, "ComposedPress"):
+        # key channels: half of each KV head's 64 pruned by its window of 32 (kvpress's README value), on
+        # its own (every position kept) and after SnapKVPress (32, 5) at the ratio, as kvpress composes them.
+        cfgs.append(("ThinKPress(key_channel_compression_ratio=0.5)",
+                     lambda r: kvpress.ThinKPress(key_channel_compression_ratio=0.5, window_size=32), "sdpa"))
+        cfgs.append(("ComposedPress(SnapKVPress, ThinKPress(0.5))",
+                     lambda r: kvpress.ComposedPress([kvpress.SnapKVPress(compression_ratio=r, window_size=32, kernel_size=5),
+                                                      kvpress.ThinKPress(key_channel_compression_ratio=0.5, window_size=32)]),
+                     "sdpa"))
     return cfgs
 
 
@@ -299,6 +317,8 @@ def press_params(press):
         v = getattr(press, f.name)
         if dataclasses.is_dataclass(v):
             v = {"press": type(v).__name__, "params": press_params(v)}
+        elif isinstance(v, list) and v and all(dataclasses.is_dataclass(x) for x in v):  # ComposedPress
+            v = [{"press": type(x).__name__, "params": press_params(x)} for x in v]
         out[f.name] = v
     # CriticalKVPress is a plain class over ScorerPress: its own parameters are attributes.
     for name in ("press", "epsilon", "first_stage_ratio"):
@@ -372,6 +392,43 @@ def gathered_positions(keys, out_k):
         pos.append(p)
         p += 1
     return pos
+
+
+class ThinkRecorder:
+    """ThinKPress: the key channels it zeroes per (layer, KV head), from its own channel scores
+    (queries_norm * keys_norm, recomputed as ThinKPress.compress does and checked against the zeroed
+    columns), and the channels within TIE_RTOL of the n_pruned-th smallest score when that band holds
+    both pruned and kept channels."""
+
+    def __init__(self, press, n_kv):
+        self.press, self.n_kv, self.layers = press, n_kv, {}
+        orig = press.compress
+
+        def compress(module, hidden_states, keys, values, attentions, kwargs):
+            k_in = keys.clone()  # ThinK scatters zeros into its input
+            out_k, out_v = orig(module, hidden_states, keys, values, attentions, kwargs)
+            self.record(module, k_in, out_k, kwargs)
+            return out_k, out_v
+
+        press.compress = compress
+
+    def record(self, module, keys, out_k, kwargs):
+        layer, (bsz, h_kv, n, d) = module.layer_idx, keys.shape
+        g = module.config.num_attention_heads // h_kv
+        q = self.press.compute_window_queries(module, kwargs["hidden_states"], kwargs["position_embeddings"])
+        qn = torch.pow(q, 2).mean(dim=2).view(bsz, h_kv, g, d).mean(2)
+        score = (qn * torch.pow(keys, 2).mean(dim=2))[0]  # [Hkv, d], as ThinKPress.compress
+        n_pruned = int(d * self.press.key_channel_compression_ratio)
+        pruned, bands = [], []
+        for h in range(h_kv):
+            idx = sorted(score[h].topk(n_pruned, largest=False).indices.tolist())
+            zero = [c for c in range(d) if bool((out_k[0, h, :, c] == 0).all())]
+            assert zero == idx, (layer, h, zero, idx)
+            pruned.append(idx)
+            mask = torch.zeros(d, dtype=torch.bool)
+            mask[idx] = True
+            bands.append(kth_band(-score[h].double(), mask, n_pruned))
+        self.layers[layer] = {"pruned_channels": pruned, "channel_tie_band": bands, "n_seen": n}
 
 
 class Recorder:
@@ -815,10 +872,22 @@ def main():
             for p in prompts:
                 ids = torch.tensor([p["ids"]], dtype=torch.long)
                 press = factory(ratio)
-                rec = Recorder(press, n_kv)
+                # ThinKPress alone or inside ComposedPress: its channels recorded apart; the sequence
+                # press before it (if any) recorded as usual, else every position kept.
+                parts = press.presses if type(press).__name__ == "ComposedPress" else [press]
+                think = [x for x in parts if type(x).__name__ == "ThinKPress"]
+                seq = [x for x in parts if type(x).__name__ != "ThinKPress"]
+                assert len(think) <= 1 and len(seq) <= 1, name
+                trec = ThinkRecorder(think[0], n_kv) if think else None
+                rec = Recorder(seq[0], n_kv) if seq else None
                 with torch.no_grad():
                     greedy, cache_lens = greedy_pipeline_style(model, press, ids, eos_ids)
                 n_layers = cfg.num_hidden_layers
+                n = len(p["ids"])
+                if rec is None:
+                    rec = types.SimpleNamespace(layers={i: {
+                        "n": n, "n_kept": [n] * n_kv, "kept": [list(range(n))] * n_kv, "tie_band": [[]] * n_kv,
+                        "scores": torch.full((n_kv, 1), float("nan"))} for i in range(n_layers)})
                 assert sorted(rec.layers) == list(range(n_layers)), sorted(rec.layers)
                 L = [rec.layers[i] for i in range(n_layers)]
                 if not args.no_generate_check:
@@ -843,6 +912,9 @@ def main():
                     "kept": [[mask_hex(k, len(p["ids"])) for k in x["kept"]] for x in L],
                     "tie_band": [x["tie_band"] for x in L],
                 }
+                if trec is not None:  # ThinK: pruned key channels per layer and KV head, and their tie band
+                    res["pruned_channels"] = [trec.layers[i]["pruned_channels"] for i in range(n_layers)]
+                    res["channel_tie_band"] = [trec.layers[i]["channel_tie_band"] for i in range(n_layers)]
                 if "lazy_score" in L[0]:  # SimLayerKVPress: each layer's score (None: not scored)
                     res["lazy_score"] = [None if x["lazy_score"] is None else F32(x["lazy_score"]) for x in L]
                 if name in NO_SCORES:
