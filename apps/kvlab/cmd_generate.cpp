@@ -128,17 +128,17 @@ void run_branches(const GenerateCmdOptions& o, const Model& model, const std::ve
     const ReconstructionPrompt templated = name == "none" ? plain : reconstruction_prompt(*tok, name);
     prefill.reconstruction = reconstruction_prompt_for(prompt_ids, templated, plain);
   }
+  size_t n_branches = 0;
+  for (const auto& m : methods) n_branches += method_budgets(m, budgets).size();
   fmt::print(stderr, "[generate] one prefill of {} tokens in {:.2f} s ({:.1f} tokens/s), exact cache {:.2f} MiB; "
              "{} branches\n", prompt_ids.size(), prefill.seconds, prompt_ids.size() / std::max(prefill.seconds, 1e-9),
-             prefill.exact_kv_bytes() / 1048576.0, methods.size() * budgets.size());
+             prefill.exact_kv_bytes() / 1048576.0, n_branches);
   nlohmann::json branches = nlohmann::json::array(), kept = nlohmann::json::array();
   std::vector<BranchSpec> specs;
   std::vector<BranchOptions> bos;
   std::vector<Budget> settings;
   for (const auto& m : methods)
-    for (const auto& given : budgets) {
-      if (m.own_memory() && &given != &budgets.front()) break;  // its threshold decides: one branch
-      const Budget b = m.own_memory() ? Budget::of_ratio(1.0) : given;
+    for (const Budget& b : method_budgets(m, budgets)) {
       specs.push_back({m, b, static_cast<uint64_t>(o.seed), m.keep_first_or(o.keep_first), m.keep_last_or(o.keep_last),
                        !o.prefill_only, /*count_whole=*/true, o.rerotate, DecodingRule{o.compress_every}});
       BranchOptions bo;

@@ -221,8 +221,9 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     if (o.rows_out == "inline") return run.write_result(context, rows, extra);
     run.write_result_and_rows(context, rows, "rows.jsonl", extra);
   };
-  Progress progress("replay", int64_t(mine.size() * methods.size() * settings.size() * seeds.size()), !o.quiet);
-  const int64_t per_unit = int64_t(methods.size() * settings.size() * seeds.size());
+  int64_t per_unit = 0;  // method runs a unit: every method at each of its settings, once per seed
+  for (const auto& m : methods) per_unit += int64_t(method_budgets(m, settings).size() * seeds.size());
+  Progress progress("replay", int64_t(mine.size()) * per_unit, !o.quiet);
   for (const auto& [s, l] : mine) {
     if (done.count({s, l})) {  // measured before the interruption
       progress.skip(per_unit, fmt::format("sample {} layer {} (checkpoint)", s, l));
@@ -250,10 +251,8 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     auto unit = load_unit(cap, s, l, proto, qkv);
     std::string kept_lines;
     for (const auto& m : methods)
-      for (const auto& given : settings) {
-        if (m.own_memory() && &given != &settings.front()) break;  // its threshold decides: one setting
-        const Budget b = m.own_memory() ? Budget::of_ratio(1.0) : given;
-        const std::string setting = m.own_memory() ? "own" : b.label();
+      for (const Budget& b : method_budgets(m, settings)) {
+        const std::string setting = setting_label(m, b);
         for (uint64_t seed : seeds) {
           nlohmann::json kept;
           for (auto& r : replay_rows(unit, cap.sample(s).sample_id, m, b, seed, proto, o.kept_out ? &kept : nullptr)) {
@@ -266,7 +265,6 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
                                          {"setting", setting}, {"seed", seed}, {"kv_heads", kept}}.dump() + "\n";
           progress.advance(1, fmt::format("sample {} layer {} {}", s, l, m.label()));
         }
-        if (m.own_memory()) progress.advance(int64_t((settings.size() - 1) * seeds.size()), "");
       }
     if (o.kept_out) {
       std::ofstream kf(run.file("kept.jsonl"), std::ios::app);  // a unit's lines once it is done

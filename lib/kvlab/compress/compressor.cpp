@@ -73,21 +73,25 @@ CompressedKV keep_all(const LayerKV& kv) {
   return out;
 }
 
+at::Tensor visible_keys(const LayerKV& kv) {
+  if (!kv.n_prefix() && !kv.n_suffix()) return kv.keys;
+  std::vector<at::Tensor> parts;
+  if (kv.n_prefix()) parts.push_back(kv.prefix_keys.to(kv.keys.scalar_type()));
+  parts.push_back(kv.keys);
+  if (kv.n_suffix()) parts.push_back(kv.suffix_keys.to(kv.keys.scalar_type()));
+  return at::cat(parts, 1);  // [Hkv, n_prefix + n + n_suffix, d]
+}
+
 at::Tensor group_attention_probs(const LayerKV& kv, const std::string& reduce) {
   // -> [Hkv, n_obs, n]
   KVLAB_CHECK(kv.queries.defined() && kv.queries.size(1) > 0,
               "this method scores keys with queries, but the region came with none");
   const int64_t h_kv = kv.n_kv_heads(), h_q = kv.queries.size(0), n_obs = kv.queries.size(1);
   const int64_t n = kv.n_tokens(), d = kv.keys.size(2), g = h_q / h_kv;
-  const int64_t n_pre = kv.prefix_keys.defined() ? kv.prefix_keys.size(1) : 0;
-  const int64_t n_suf = kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0;
+  const int64_t n_pre = kv.n_prefix();
   KVLAB_CHECK(n_pre == 0 || n_pre == kv.pos0, "prefix_keys hold {} positions, but the region starts at {}",
               n_pre, kv.pos0);
-  std::vector<at::Tensor> parts;
-  if (n_pre) parts.push_back(kv.prefix_keys.to(kv.keys.scalar_type()));
-  parts.push_back(kv.keys);
-  if (n_suf) parts.push_back(kv.suffix_keys.to(kv.keys.scalar_type()));
-  auto keys = parts.size() == 1 ? kv.keys : at::cat(parts, 1);           // [Hkv, n_all, d]
+  auto keys = visible_keys(kv);                                          // [Hkv, n_all, d]
   const int64_t n_all = keys.size(1), first = kv.pos0 - n_pre;          // position of keys[:, 0]
   auto qg = kv.queries.to(kv.keys.scalar_type()).reshape({h_kv, g, n_obs, d});
   auto s = at::matmul(qg, keys.unsqueeze(1).transpose(2, 3)) /

@@ -49,7 +49,14 @@ struct LayerKV {
   int64_t n_tokens() const { return keys.size(1); }
   int64_t n_kv_heads() const { return keys.size(0); }
   int64_t n_q_heads() const { return queries.defined() ? queries.size(0) : n_kv_heads(); }
+  int64_t n_prefix() const { return prefix_keys.defined() ? prefix_keys.size(1) : 0; }
+  int64_t n_suffix() const { return suffix_keys.defined() ? suffix_keys.size(1) : 0; }
+  // The prompt's tokens: the positions before the region, the region and the suffix.
+  int64_t n_prompt() const { return pos0 + n_tokens() + n_suffix(); }
 };
+
+// Every key the queries can see, in position order: prefix, region, suffix (in the region's dtype).
+at::Tensor visible_keys(const LayerKV& kv);  // -> [Hkv, n_prefix + n + n_suffix, d]
 
 // What a compressor returns. Heads may keep different counts: pad with bias = -inf.
 struct CompressedKV {

@@ -59,8 +59,7 @@ class Dms final : public detail::ScorerWrapper {
 
   CompressedKV compress(const LayerKV& kv, const CompressOptions& opt) const override {
     const int64_t n = kv.n_tokens(), h_kv = kv.n_kv_heads();
-    const int64_t n_suf = kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0;
-    const int64_t total = kv.pos0 + n + n_suf;  // the prompt's tokens
+    const int64_t total = kv.n_prompt();
     if (total <= window_ || n == 0) return keep_all(kv);
     const at::Tensor s = scorer_scores(kv, opt).to(at::kCPU, at::kDouble).contiguous();  // [Hkv, n]
     const double* sc = s.data_ptr<double>();

@@ -79,6 +79,15 @@ std::string MethodSpec::label() const {
 bool MethodSpec::own_memory() const { return name != "exact" && compressor_info(name).own_memory; }
 bool MethodSpec::budget_free() const { return name == "exact" || own_memory(); }
 
+std::vector<Budget> method_budgets(const MethodSpec& method, const std::vector<Budget>& given) {
+  if (method.own_memory()) return {Budget::of_ratio(1.0)};
+  return given;
+}
+
+std::string setting_label(const MethodSpec& method, const Budget& budget) {
+  return method.own_memory() ? "own" : budget.label();
+}
+
 namespace {
 
 // "snapkv+kivi2" -> {"snapkv", kivi2}; "kivi2" -> {"exact", kivi2}; "snapkv" -> {"snapkv", null}.

@@ -50,6 +50,12 @@ struct MethodSpec {
   nlohmann::json describe(int64_t run_keep_first, int64_t run_keep_last) const;
 };
 
+// The budgets a method runs at, given the run's: a method whose own threshold decides its memory
+// runs once, at ratio 1 (labelled "own"); every other method at each budget given.
+std::vector<Budget> method_budgets(const MethodSpec& method, const std::vector<Budget>& given);
+// A row's "setting": "own" for such a method, else the budget's label ("ratio=0.2").
+std::string setting_label(const MethodSpec& method, const Budget& budget);
+
 // Exactly one of the lists must be non-empty; each value validated by Budget with the flag's name.
 std::vector<Budget> budget_settings(const std::vector<double>& ratios, const std::vector<int64_t>& budgets,
                                     const std::vector<int64_t>& halvings, const std::vector<double>& bytes = {});

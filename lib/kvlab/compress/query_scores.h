@@ -70,7 +70,7 @@ inline at::Tensor accumulated_attention(const LayerKV& kv, const std::string& re
     return reduce == "mean" ? s / static_cast<double>(g) : s;
   }
   if (chunk <= 0) {
-    const int64_t n_all = n + kv.pos0 + (kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0);
+    const int64_t n_all = kv.n_prompt();
     const int64_t row_bytes = std::max<int64_t>(1, kv.n_q_heads() * n_all * int64_t(sizeof(float)));
     chunk = std::clamp<int64_t>((int64_t(16) << 20) / row_bytes, 16, 256);
   }

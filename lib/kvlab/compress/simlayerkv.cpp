@@ -63,25 +63,18 @@ class SimLayerKV final : public Compressor {
 
   // The lazy score s of the layer (above), or -1 when the layer is not scored (too short, threshold 1).
   double lazy_score(const LayerKV& kv) const {
-    const int64_t n_pre = kv.prefix_keys.defined() ? kv.prefix_keys.size(1) : 0;
-    const int64_t n_suf = kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0;
-    const int64_t total = kv.pos0 + kv.n_tokens() + n_suf;  // the prompt's tokens
-    if (threshold_ >= 1.0 || total <= n_initial_ + n_recent_ + n_last_) return -1.0;
+    if (threshold_ >= 1.0 || kv.n_prompt() <= n_initial_ + n_recent_ + n_last_) return -1.0;
     detail::require_queries(kv, "simlayerkv");
-    KVLAB_CHECK(n_pre == kv.pos0, "simlayerkv: scores over the whole prompt, but the {} positions before the region "
+    KVLAB_CHECK(kv.n_prefix() == kv.pos0, "simlayerkv: scores over the whole prompt, but the {} positions before the region "
                 "came without their keys", kv.pos0);
     // Every key of the prompt as one region from position 0, scored by the last n_last queries.
     LayerKV all = detail::last_queries(kv, n_last_);
-    std::vector<at::Tensor> parts;
-    if (n_pre) parts.push_back(kv.prefix_keys.to(kv.keys.scalar_type()));
-    parts.push_back(kv.keys);
-    if (n_suf) parts.push_back(kv.suffix_keys.to(kv.keys.scalar_type()));
-    all.keys = at::cat(parts, 1);  // [Hkv, total, d]
+    all.keys = visible_keys(kv);  // [Hkv, n_prompt, d]
     all.values = all.keys;         // unread
     all.prefix_keys = all.suffix_keys = at::Tensor();
     all.pos0 = 0;
     const int64_t first = all.query_pos.min().item<int64_t>();  // P: the window's first position
-    at::Tensor p = group_attention_probs(all, "mean").to(at::kCPU, at::kDouble).mean(std::vector<int64_t>{0, 1});  // [total]
+    at::Tensor p = group_attention_probs(all, "mean").to(at::kCPU, at::kDouble).mean(std::vector<int64_t>{0, 1});  // [n_prompt]
     const int64_t ni = std::min(n_initial_, first), r0 = std::max<int64_t>(0, first - n_recent_);
     return p.narrow(0, 0, ni).sum().item<double>() + p.narrow(0, r0, first - r0).sum().item<double>();
   }
@@ -89,8 +82,7 @@ class SimLayerKV final : public Compressor {
   CompressedKV compress(const LayerKV& kv, const CompressOptions&) const override {
     const double s = lazy_score(kv);
     if (s <= threshold_) return keep_all(kv);  // also s = -1: not scored
-    const int64_t n_suf = kv.suffix_keys.defined() ? kv.suffix_keys.size(1) : 0;
-    const int64_t total = kv.pos0 + kv.n_tokens() + n_suf, recent_from = total - (n_recent_ - n_last_);
+    const int64_t recent_from = kv.n_prompt() - (n_recent_ - n_last_);
     std::vector<int64_t> idx;  // region indices kept, ascending
     for (int64_t i = 0; i < kv.n_tokens(); ++i) {
       const int64_t pos = kv.pos0 + i;
