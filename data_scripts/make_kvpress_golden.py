@@ -19,10 +19,24 @@ Usage:
                           the same header; CURPress, ChunkKVPress(...), ChunkPress(...),
                           CapPress, BlockPress(...), PerLayerCompressionPress(...) and
                           EntropyGatedChunkKVPress(...), MergingPress(...), SimLayerKVPress(...),
-                          DMSPress(...), ThinKPress(...) and ComposedPress(...) were added so)
+                          DMSPress(...), ThinKPress(...), ComposedPress(...) and
+                          FinchPress(...) were added so)
 
 ThinKPress (alone, and after SnapKVPress inside ComposedPress) also records, per layer and KV head,
 the key channels it zeroes ("pruned_channels") and their tie band at the cut ("channel_tie_band").
+
+FinchPress (SnapKV-style scores over a question window, normalized, no kernel; rerotate_keys=False:
+the kept keys are gathered as they are) takes its window from a delimiter token between context and
+question: its embed_tokens forward hook finds the delimiter id in the prefill's input ids, sets
+window_size to the number of tokens after it and drops the delimiter's row from the embeddings, so
+the model and the cache see the n real tokens only. Here the question is the prompt's last 24 tokens
+(FINCH_WINDOW): FINCH runs on its own copy of the model (finch_model) whose embed_tokens has one more
+row (zeros, id = vocab_size = the delimiter id; lm_head and the logits keep the original vocabulary,
+the other configs' model is untouched), the prefill is ids[:n-24] + [delimiter] + ids[n-24:], and
+decoding continues at positions n, n+1, ... of the n real tokens. Each result records "window": 24.
+The model.generate cross-check runs on the prompt without the delimiter, with window_size preset to
+24 (the hook finds no delimiter and leaves it): the same compression, noted in the config's
+"generate_crosscheck_note".
 
 Model: transformers dequantizes the GGUF to float32 (gguf-py), the model runs in float32 on CPU with
 one thread (deterministic: two runs give a byte-identical file). attn_implementation is "sdpa" for
@@ -121,7 +135,8 @@ NO_SCORES = {"CriticalKVPress(KnormPress)", "CriticalKVPress(SnapKVPress)", "Cri
              "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
              "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
              "ThinKPress(key_channel_compression_ratio=0.5)",
-             "ComposedPress(SnapKVPress, ThinKPress(0.5))"}
+             "ComposedPress(SnapKVPress, ThinKPress(0.5))",
+             "FinchPress(question=last 24, rerotate_keys=False)"}
 
 
 # Configs added after the main fixture was made: they live in smollm2_added.json (--only), which
@@ -134,7 +149,11 @@ ADDED = {"CURPress", "ChunkKVPress(KnormPress)", "ChunkKVPress(SnapKVPress)", "C
          "DMSPress(KnormPress, threshold=-17, sliding_window_size=64)",
          "DMSPress(SnapKVPress, threshold=0.0005, sliding_window_size=64)",
          "ThinKPress(key_channel_compression_ratio=0.5)",
-         "ComposedPress(SnapKVPress, ThinKPress(0.5))"}
+         "ComposedPress(SnapKVPress, ThinKPress(0.5))",
+         "FinchPress(question=last 24, rerotate_keys=False)"}
+
+# FinchPress: the question window, the prompt's last FINCH_WINDOW tokens (after the delimiter).
+FINCH_WINDOW = 24
 
 
 # (name, source description, loader) -> first n_tokens token ids
@@ -285,7 +304,34 @@ def make_configs(kvpress):
                      lambda r: kvpress.ComposedPress([kvpress.SnapKVPress(compression_ratio=r, window_size=32, kernel_size=5),
                                                       kvpress.ThinKPress(key_channel_compression_ratio=0.5, window_size=32)]),
                      "sdpa"))
+    if hasattr(kvpress, "FinchPress"):
+        # normalized SnapKV-style scores over the question window (the last FINCH_WINDOW tokens, set by
+        # the delimiter, see finch_model), no chunks, keys gathered without rerotation.
+        cfgs.append(("FinchPress(question=last 24, rerotate_keys=False)",
+                     lambda r: kvpress.FinchPress(compression_ratio=r, normalize_scores=True, rerotate_keys=False),
+                     "sdpa"))
     return cfgs
+
+
+def finch_model(model):
+    """A copy of `model` for FinchPress, with its delimiter token: embed_tokens gets one more row
+    (zeros; FinchPress's hook drops the delimiter's row from the embeddings' output, so its value is
+    never used), id = vocab_size. lm_head keeps the original vocabulary (the copy's tied weight stays
+    the old one), so the logits are those of `model`; `model` itself is not touched. -> (copy, id)"""
+    import copy
+
+    m = copy.deepcopy(model)
+    old = m.model.embed_tokens
+    vocab, dim = old.weight.shape
+    assert vocab == m.config.vocab_size, (vocab, m.config.vocab_size)
+    emb = torch.nn.Embedding(vocab + 1, dim, padding_idx=old.padding_idx, dtype=old.weight.dtype)
+    with torch.no_grad():
+        emb.weight[:vocab] = old.weight
+        emb.weight[vocab:] = 0
+    m.model.embed_tokens = emb
+    assert m.lm_head.weight.shape[0] == vocab and m.lm_head.weight.data_ptr() != emb.weight.data_ptr()
+    m.eval()
+    return m, vocab
 
 
 class _IdentitySketchTorch:
@@ -736,14 +782,16 @@ class Recorder:
         }
 
 
-def greedy_pipeline_style(model, press, ids, eos_ids):
-    """KVPressTextGenerationPipeline._forward + generate_answer, with no question tokens."""
+def greedy_pipeline_style(model, press, ids, eos_ids, prefill_ids=None):
+    """KVPressTextGenerationPipeline._forward + generate_answer, with no question tokens.
+    prefill_ids (FinchPress): the ids fed to the prefill instead of `ids` (`ids` with the delimiter,
+    which the press's hook removes); decoding continues at positions len(ids), len(ids) + 1, ..."""
     from transformers import DynamicCache
 
     n = ids.shape[1]
     cache = DynamicCache()
     with press(model):
-        out = model(input_ids=ids, past_key_values=cache, logits_to_keep=1)
+        out = model(input_ids=ids if prefill_ids is None else prefill_ids, past_key_values=cache, logits_to_keep=1)
     prefill_lens = [cache.get_seq_length(layer) for layer in range(len(cache))]
     generated = [out.logits[0, -1].argmax()]
     position_ids = torch.tensor([[n]])
@@ -853,6 +901,7 @@ def main():
     eos = models["sdpa"].generation_config.eos_token_id
     eos_ids = eos if isinstance(eos, list) else [eos]
 
+    finch = None  # (model copy with the delimiter row, delimiter id), made when a FinchPress config runs
     configs_out = []
     mismatches = []
     first_scores = {}  # (press config, prompt) -> (config name, scores) of its first ratio
@@ -866,12 +915,24 @@ def main():
         if (only and name not in only) or (not only and name in ADDED):
             continue
         model = models[impl]
+        is_finch = type(factory(RATIOS[0])).__name__ == "FinchPress"
+        if is_finch:
+            if finch is None:
+                finch = finch_model(models[impl])
+            model, delim = finch
         for ratio in RATIOS:
             params = press_params(factory(ratio))
+            if is_finch:  # set at run time (the delimiter's id; the window, by its hook)
+                params.update(delimiter_token_id=delim, window_size=FINCH_WINDOW)
             results = []
             for p in prompts:
                 ids = torch.tensor([p["ids"]], dtype=torch.long)
                 press = factory(ratio)
+                prefill_ids = None
+                if is_finch:  # context + delimiter + question (the last FINCH_WINDOW tokens)
+                    press.delimiter_token_id = delim
+                    cut = len(p["ids"]) - FINCH_WINDOW
+                    prefill_ids = torch.tensor([p["ids"][:cut] + [delim] + p["ids"][cut:]], dtype=torch.long)
                 # ThinKPress alone or inside ComposedPress: its channels recorded apart; the sequence
                 # press before it (if any) recorded as usual, else every position kept.
                 parts = press.presses if type(press).__name__ == "ComposedPress" else [press]
@@ -881,9 +942,12 @@ def main():
                 trec = ThinkRecorder(think[0], n_kv) if think else None
                 rec = Recorder(seq[0], n_kv) if seq else None
                 with torch.no_grad():
-                    greedy, cache_lens = greedy_pipeline_style(model, press, ids, eos_ids)
+                    greedy, cache_lens = greedy_pipeline_style(model, press, ids, eos_ids, prefill_ids)
                 n_layers = cfg.num_hidden_layers
                 n = len(p["ids"])
+                if is_finch:  # the hook found the delimiter, and dropped it: every layer saw the n real tokens
+                    assert press.window_size == FINCH_WINDOW, press.window_size
+                    assert all(rec.layers[i]["n"] == n for i in range(n_layers))
                 if rec is None:
                     rec = types.SimpleNamespace(layers={i: {
                         "n": n, "n_kept": [n] * n_kv, "kept": [list(range(n))] * n_kv, "tie_band": [[]] * n_kv,
@@ -891,8 +955,11 @@ def main():
                 assert sorted(rec.layers) == list(range(n_layers)), sorted(rec.layers)
                 L = [rec.layers[i] for i in range(n_layers)]
                 if not args.no_generate_check:
+                    gen_press = factory(ratio)
+                    if is_finch:  # no delimiter in the ids: the hook leaves the preset window
+                        gen_press.delimiter_token_id, gen_press.window_size = delim, FINCH_WINDOW
                     with torch.no_grad():
-                        gen = greedy_generate(model, factory(ratio), ids)
+                        gen = greedy_generate(model, gen_press, ids)
                     n_checked += 1
                     if gen != greedy:
                         mismatches.append({"config": name, "compression_ratio": ratio,
@@ -906,6 +973,7 @@ def main():
                 res = {
                     "prompt": p["name"],
                     "n": len(p["ids"]),
+                    **({"window": FINCH_WINDOW} if is_finch else {}),
                     "cache_len_after_prefill": cache_lens[0] if len(set(cache_lens)) == 1 else cache_lens,
                     "n_kept": [x["n_kept"] for x in L],
                     "n_ambiguous_heads": sum(len(b) > 0 for x in L for b in x["tie_band"]),
@@ -932,6 +1000,18 @@ def main():
             configs_out.append({"name": f"{name}@{ratio}", "press": name.split("(")[0],
                                 "compression_ratio": ratio, "attn_implementation": impl,
                                 "params": params, "results": results})
+            if is_finch:
+                configs_out[-1]["finch_input"] = (
+                    "prefill ids = prompt ids[:n-%d] + [delimiter_token_id] + ids[n-%d:] on a copy of the model "
+                    "whose embed_tokens has one more row (zeros) for the delimiter (lm_head unchanged); "
+                    "FinchPress's hook sets window_size = %d and drops the delimiter's embedding, so the "
+                    "model and cache see the n prompt tokens; decoding at positions n, n+1, ..."
+                    % (FINCH_WINDOW, FINCH_WINDOW, FINCH_WINDOW))
+                if not args.no_generate_check:
+                    configs_out[-1]["generate_crosscheck_note"] = (
+                        "model.generate on the prompt ids without the delimiter, with press.window_size "
+                        "preset to %d and delimiter_token_id set (the hook finds no delimiter and keeps "
+                        "the window)" % FINCH_WINDOW)
 
     out = {
         "version": 2,

@@ -178,8 +178,9 @@ void run_compress_bench(const CompressBenchOptions& o, const nlohmann::json& eff
   KVLAB_CHECK(o.max_tokens >= 0, "--max-tokens must be >= 0 (0 = no cap), got {}", o.max_tokens);
   KVLAB_CHECK(o.max_call_seconds >= 0, "--max-call-seconds must be >= 0, got {}", o.max_call_seconds);
   for (int64_t n : o.sizes) KVLAB_CHECK(n >= 2, "--sizes: every size must be >= 2, got {}", n);
-  auto methods = without_model_weights(build_methods(o.method, o.param, nlohmann::json::object()), o.method,
-                                       "bench compress");
+  auto methods = without_question(without_model_weights(build_methods(o.method, o.param, nlohmann::json::object()),
+                                                        o.method, "bench compress"),
+                                  o.method, "bench compress");
   require_run_keeps(methods, "the bench's own flags");
 
   // Sizes to run: --sizes under the cap, plus --tokens (reported, fitted only if listed).

@@ -259,7 +259,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     KVLAB_CHECK(o.logits_out.empty(), "--logits-out applies to exact decoding (without --method)");
     KVLAB_CHECK(o.seed >= 0, "--seed must be >= 0, got {}", o.seed);
     budgets = budget_settings(o.ratio, o.budget, o.T, o.bytes);
-    methods = build_methods(o.method, o.param, o.params, o.preset, o.model);
+    methods = without_question(build_methods(o.method, o.param, o.params, o.preset, o.model), o.method, "generate");
     KVLAB_CHECK(o.compress_every >= 0, "--compress-every must be >= 0 (0 = off), got {}", o.compress_every);
     KVLAB_CHECK(o.compress_every == 0 || !o.rerotate, "--compress-every and --rerotate: re-rotation moves a method's "
                 "own stream; give one of them");

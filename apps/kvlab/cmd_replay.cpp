@@ -100,8 +100,10 @@ struct ReplayOptions : RunFolderOptions {
     if (list_methods) return;
     KVLAB_CHECK(!capture.empty(), "--capture is required (a .h5 file from 'kvlab dump' or 'kvlab synth')");
     budget_settings(ratio, budget, T, bytes);
-    require_run_keeps(without_model_weights(build_methods(method, param, params, "default", "", /*need_files=*/false),
-                                            method, "replay"),
+    require_run_keeps(without_question(without_model_weights(build_methods(method, param, params, "default", "",
+                                                                           /*need_files=*/false),
+                                                             method, "replay"),
+                                       method, "replay"),
                       "--keep-first / --keep-last");
     KVLAB_CHECK(seed_list.empty() || seeds == 1, "give --seeds or --seed-list, not both (--seeds {}, --seed-list "
                 "of {})", seeds, seed_list.size());
@@ -125,7 +127,10 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
                  : info.reads(inputs::reconstruction_scores) ? " [not in replay: needs a second prefill through the model]"
                  : info.calibration                          ? " [needs a calibration file (see --preset paper); "
                                                                "--method all leaves it out unless one is given]"
-                                                             : "");
+                 : info.reads(inputs::question_start)        ? " [in replay only with --param " + info.name +
+                                                               ".window=N (no question is prefilled); --method all "
+                                                               "leaves it out]"
+                                                             : std::string());
       const MethodPreset p = info.paper();
       std::string keep = p.keep_first || p.keep_last
                              ? fmt::format(" + exact {} first / {} last", p.keep_first, p.keep_last) : "";
@@ -138,7 +143,8 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
     return;
   }
   auto settings = budget_settings(o.ratio, o.budget, o.T, o.bytes);
-  auto methods = without_model_weights(build_methods(o.method, o.param, o.params), o.method, "replay");
+  auto methods = without_question(without_model_weights(build_methods(o.method, o.param, o.params), o.method, "replay"),
+                                  o.method, "replay");
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
 

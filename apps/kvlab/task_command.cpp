@@ -75,6 +75,8 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   std::string names = o.method;
   if (("," + names + ",").find(",exact,") == std::string::npos) names = "exact," + names;
   auto methods = build_methods(names, o.param, o.params, o.preset, o.model, need_files);
+  if (plan.protocol.question == TaskProtocol::Question::context)
+    methods = without_question(std::move(methods), o.method, "a task command under --protocol context");
   check_quantized_methods(methods, plan.protocol.streams(), "--decode-rule prefill");
   if (plan.protocol.decode == TaskProtocol::Decode::compress)
     for (const auto& m : methods) {

@@ -38,6 +38,7 @@
 #include "kvlab/attention/rope.h"
 #include "kvlab/compress/compressor.h"
 #include "kvlab/compress/duo_attention.h"
+#include "kvlab/compress/method_spec.h"
 #include "kvlab/compress/preset.h"
 #include "kvlab/core/check.h"
 
@@ -1352,4 +1353,162 @@ TEST_CASE("dms: per KV head, the positions outside the recent window whose score
   CHECK(make_compressor("dms", nlohmann::json::object())->compress(kv, entries(3)).kept_idx.size(1) == 50);  // no threshold given
   CHECK(compressor_info("dms").own_memory);
   CHECK_THROWS_WITH_AS(make_compressor("dms:chelsea", {}), doctest::Contains("parameter 'scorer'"), Error);
+}
+
+TEST_CASE("think: each KV head zeroes its p channels of least window-query x held-key energy in the kept keys (naive loop)") {
+  // 40 keys, 2 KV heads of 3 query heads, D = 10, 6 observation queries of which ThinK reads the
+  // last 4; ratio 0.35 -> p = 3 channels per head.
+  const int64_t n = 40, h_kv = 2, g = 3, d = 10, w = 4, p = 3;
+  auto kv = random_region(n, 6, h_kv, g, d, 51);
+  const nlohmann::json own = {{"key_channel_compression_ratio", 0.35}, {"window_size", w}};
+  // The p lowest of qn * kn by loops; kn over the keys `held` (indices into kv.keys) and `extra`
+  // (exact keys beside the region).
+  auto naive_pruned = [&](int64_t h, const std::vector<int64_t>& held, const at::Tensor& extra) {
+    auto Q = kv.queries.accessor<double, 3>();
+    auto K = kv.keys.accessor<double, 3>();
+    std::vector<double> score(static_cast<size_t>(d));
+    for (int64_t c = 0; c < d; ++c) {
+      double qn = 0, kn = 0, cnt = 0;
+      for (int64_t hq = h * g; hq < (h + 1) * g; ++hq)
+        for (int64_t j = 6 - w; j < 6; ++j) qn += Q[hq][j][c] * Q[hq][j][c] / double(g * w);
+      for (int64_t i : held) kn += K[h][i][c] * K[h][i][c], cnt += 1;
+      if (extra.defined())
+        for (int64_t i = 0; i < extra.size(1); ++i) kn += extra[h][i][c].item<double>() * extra[h][i][c].item<double>(), cnt += 1;
+      score[size_t(c)] = -qn * kn / cnt;  // naive_top takes the largest
+    }
+    return naive_top(score, p);
+  };
+  auto pruned_of = [&](const CompressedKV& cr, int64_t h) {
+    std::vector<int64_t> out;
+    for (int64_t c = 0; c < d; ++c)
+      if (cr.pruned_channels[h][c].item<bool>()) out.push_back(c);
+    return out;
+  };
+  std::vector<int64_t> every(static_cast<size_t>(n));
+  std::iota(every.begin(), every.end(), int64_t{0});
+  // ThinK alone (think:exact; the bare name wraps snapkv): every entry kept, the channels zeroed in every key and nowhere else.
+  auto alone = make_compressor("think:exact", own)->compress(kv, entries(12));
+  REQUIRE(alone.pruned_channels.defined());
+  for (int64_t h = 0; h < h_kv; ++h) {
+    CHECK(row(alone.kept_idx, h) == every);  // the budget is exact's: everything
+    const auto want = naive_pruned(h, every, at::Tensor());
+    CHECK(pruned_of(alone, h) == want);
+    for (int64_t c = 0; c < d; ++c) {
+      const bool cut = std::find(want.begin(), want.end(), c) != want.end();
+      const at::Tensor col = alone.keys[h].select(1, c), orig = kv.keys[h].select(1, c);
+      CHECK((cut ? col.abs().max().item<double>() == 0.0 : at::equal(col, orig)));
+    }
+  }
+  CHECK(at::equal(alone.values, kv.values));
+  // Stored narrower: per head n entries x p channels x 8 bytes (double keys), less a 10-bit mask (2 bytes).
+  CHECK(alone.key_bytes_saved() == h_kv * (n * p * 8 - 2));
+  // Over knorm at 12 entries: knorm's positions, kn over those 12 keys only.
+  auto over = make_compressor("think:knorm", own)->compress(kv, entries(12));
+  auto plain = make_compressor("knorm", nlohmann::json::object())->compress(kv, entries(12));
+  for (int64_t h = 0; h < h_kv; ++h) {
+    CHECK(row(over.kept_idx, h) == row(plain.kept_idx, h));
+    CHECK(pruned_of(over, h) == naive_pruned(h, row(plain.kept_idx, h), at::Tensor()));
+  }
+  CHECK(over.key_bytes_saved() == h_kv * (12 * p * 8 - 2));
+  // Exact sinks beside the region stay whole and out of kn (replay and generation see different tails).
+  LayerKV split = kv;
+  split.prefix_keys = kv.keys.narrow(1, 0, 5);
+  split.keys = kv.keys.narrow(1, 5, n - 5);
+  split.values = kv.values.narrow(1, 5, n - 5);
+  split.pos0 = 5;
+  auto s = make_compressor("think:exact", own)->compress(split, entries(12));
+  for (int64_t h = 0; h < h_kv; ++h) {
+    std::vector<int64_t> region(every.begin() + 5, every.end());
+    CHECK(pruned_of(s, h) == naive_pruned(h, region, at::Tensor()));
+  }
+  // Ratio 0 prunes nothing; the window asked for is the larger of ThinK's and the method's.
+  CHECK(!make_compressor("think:exact", {{"key_channel_compression_ratio", 0.0}})->compress(kv, entries(12)).pruned_channels.defined());
+  CHECK(make_compressor("think:exact", own)->observation_queries() == w);
+  CHECK(make_compressor("think", nlohmann::json::object())->name() == "think");  // the bare name wraps snapkv
+  CHECK(make_compressor("think:snapkv", {{"window_size", 4}, {"window", 8}})->observation_queries() == 8);
+  CHECK(make_compressor("think:snapkv", {{"window_size", 16}, {"window", 8}})->observation_queries() == 16);
+  CHECK_THROWS_WITH_AS(make_compressor("think:streaming_llm", {}), doctest::Contains("parameter 'scorer'"), Error);
+  CHECK_THROWS_WITH_AS(make_compressor("think", {{"key_channel_compression_ratio", 1.0}}),
+                       doctest::Contains("'key_channel_compression_ratio' must be in [0, 1)"), Error);
+}
+
+TEST_CASE("finch: the question's queries' attention, rows weighted by position, top-b + the question (naive loop)") {
+  // 40 keys, 2 KV heads of 2 query heads, 10 observation queries (positions 30..39); the question is
+  // the last w = 6 tokens (34..39).
+  const int64_t n = 40, h_kv = 2, g = 2, d = 8, w = 6, b = 15;
+  auto kv = random_region(n, 10, h_kv, g, d, 61);
+  auto Q = kv.queries.accessor<double, 3>();
+  auto K = kv.keys.accessor<double, 3>();
+  // s[h][i] = mean over h's query heads and the window's queries j of pos(j) * softmax_j(i), causal.
+  auto naive = [&](int64_t h, bool normalize) {
+    std::vector<double> s(static_cast<size_t>(n), 0.0);
+    for (int64_t hq = h * g; hq < (h + 1) * g; ++hq)
+      for (int64_t j = 10 - w; j < 10; ++j) {
+        const int64_t pos = n - 10 + j;
+        std::vector<double> e(static_cast<size_t>(pos + 1));
+        double mx = -1e300, z = 0;
+        for (int64_t i = 0; i <= pos; ++i) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += Q[hq][j][c] * K[h][i][c];
+          e[size_t(i)] = dot / std::sqrt(double(d));
+          mx = std::max(mx, e[size_t(i)]);
+        }
+        for (double& x : e) z += (x = std::exp(x - mx));
+        for (int64_t i = 0; i <= pos; ++i) s[size_t(i)] += (normalize ? double(pos) : 1.0) * e[size_t(i)] / z / double(g * w);
+      }
+    for (int64_t i = n - w; i < n; ++i) s[size_t(i)] = 1e300;  // the question: always kept
+    return s;
+  };
+  for (bool normalize : {true, false}) {
+    INFO("normalize_scores=" << normalize);
+    auto c = make_compressor("finch", {{"window", w}, {"normalize_scores", normalize}});
+    CHECK(c->observation_queries() == w);
+    auto out = c->compress(kv, entries(b));
+    auto scores = c->keep_scores(kv, entries(b));
+    for (int64_t h = 0; h < h_kv; ++h) {
+      const auto want = naive(h, normalize);
+      CHECK(row(out.kept_idx, h) == naive_top(want, b));
+      for (int64_t i = 0; i < n - w; ++i) CHECK(scores[h][i].item<double>() == doctest::Approx(want[size_t(i)]).epsilon(1e-12));
+    }
+  }
+  // The window from where the question starts (the task commands under --protocol whole): the same.
+  LayerKV asked = kv;
+  asked.context.provide(inputs::question_start, at::scalar_tensor(n - w, at::kLong));
+  auto from_question = make_compressor("finch", nlohmann::json::object());
+  CHECK(from_question->observation_queries() == -1);  // every prompt query: the question's length varies
+  auto q_out = from_question->compress(asked, entries(b));
+  for (int64_t h = 0; h < h_kv; ++h) CHECK(row(q_out.kept_idx, h) == naive_top(naive(h, true), b));
+  // With exact sinks outside the region, positions stay the prompt's.
+  LayerKV split = asked;
+  split.prefix_keys = kv.keys.narrow(1, 0, 4);
+  split.keys = kv.keys.narrow(1, 4, n - 4);
+  split.values = kv.values.narrow(1, 4, n - 4);
+  split.pos0 = 4;
+  auto s_out = from_question->compress(split, entries(b));
+  for (int64_t h = 0; h < h_kv; ++h) {
+    auto want = naive(h, true);
+    want.erase(want.begin(), want.begin() + 4);
+    CHECK(row(s_out.kept_idx, h) == naive_top(want, b));
+  }
+  // No question and no window: an error naming both ways out.
+  CHECK_THROWS_WITH_AS(from_question->compress(kv, entries(b)), doctest::Contains("--protocol whole"), Error);
+  CHECK_THROWS_WITH_AS(from_question->compress(kv, entries(b)), doctest::Contains("--param finch.window"), Error);
+}
+
+TEST_CASE("without_question: a method scoring with the question's queries leaves `all` where no question is prefilled") {
+  auto names = [](const std::vector<MethodSpec>& ms) {
+    std::vector<std::string> out;
+    for (const auto& m : ms) out.push_back(m.name);
+    return out;
+  };
+  const auto every = build_methods("all", {}, nlohmann::json::object());
+  const auto all = without_question(build_methods("all", {}, nlohmann::json::object()), "all", "replay");
+  const auto listed = names(all);
+  CHECK(std::find(listed.begin(), listed.end(), "finch") == listed.end());
+  CHECK(listed.size() + 1 == every.size());  // finch only
+  CHECK_THROWS_WITH_AS(without_question(build_methods("snapkv,finch", {}, nlohmann::json::object()), "snapkv,finch", "replay"),
+                       doctest::Contains("--param finch.window=N"), Error);
+  const auto given = without_question(build_methods("finch", {"finch.window=16"}, nlohmann::json::object()), "finch", "replay");
+  REQUIRE(given.size() == 1);
+  CHECK(given[0].compressor->params()["window"] == 16);
 }

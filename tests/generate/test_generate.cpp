@@ -39,7 +39,17 @@ std::string stories_dir() { return test::shared_dir() + "/models/stories260K"; }
 MethodSpec method(const std::string& name) {
   MethodSpec m;
   m.name = name;
-  m.compressor = make_compressor(name, nlohmann::json::object());
+  // finch scores with the question's queries: these prompts have no question, so a window of its own.
+  const bool question = compressor_info(name).reads(inputs::question_start);
+  m.compressor = make_compressor(name, question ? nlohmann::json{{"window", 8}} : nlohmann::json::object());
+  return m;
+}
+
+// The method as the ratio-1 tests run it: think prunes key channels whatever the budget, so there
+// without them (test_leaderboard.cpp and the kvpress golden check the pruning).
+MethodSpec ratio1_method(const std::string& name) {
+  MethodSpec m = method(name);
+  if (name == "think") m.compressor = make_compressor(name, {{"key_channel_compression_ratio", 0.0}});
   return m;
 }
 
@@ -167,7 +177,7 @@ TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (stories2
   pre.reconstruction = toy_reconstruction();  // kvzip's repeat prompt
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
-    BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
+    BranchSpec spec{ratio1_method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
     BranchOptions bo;
     bo.max_new_tokens = 24;
     bo.stop_at_eos = false;
@@ -210,7 +220,7 @@ TEST_CASE("ratio 1: every method decodes exactly as the exact KV cache (SmolLM2,
   for (const auto& info : compressor_infos()) {
     if (info.own_memory) continue;  // no ratio 1: its threshold decides (simlayerkv: lazy layers keep 4 + 1,023)
     INFO("method=" << info.name);
-    BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
+    BranchSpec spec{ratio1_method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
     BranchOptions bo;
     bo.max_new_tokens = 6;
     bo.stop_at_eos = false;
@@ -323,7 +333,7 @@ TEST_CASE("gemma3: sliding layers are exact windows for every method; ratio 1 de
   CHECK(pre.exact_kv_bytes() == per_pos * (7 + 7 + n));
   for (const auto& info : compressor_infos()) {
     INFO("method=" << info.name);
-    BranchSpec spec{method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
+    BranchSpec spec{ratio1_method(info.name), info.halving ? Budget::of_halvings(0) : Budget::of_ratio(1.0), 7, 0, 0};
     BranchOptions bo;
     bo.max_new_tokens = static_cast<int64_t>(want.size());
     bo.stop_at_eos = false;
@@ -506,4 +516,32 @@ TEST_CASE("non-finite logits stop a branch with an error naming the method and t
                        doctest::Contains("knorm: the logits of decoded token 0 are not finite (1 of 97 values)"), Error);
   CHECK_THROWS_WITH_AS(run_branches(model, pre, {BranchSpec{method("exact"), Budget::of_ratio(1.0)}}, {o}),
                        doctest::Contains("exact: the logits of decoded token 0 are not finite"), Error);
+}
+
+TEST_CASE("finch in generation: its window is the question the prefill marks (inputs::question_start)") {
+  if (!fs::exists(stories_dir() + "/model.safetensors")) {
+    MESSAGE("skipped: " << stories_dir() << " not found (set KVLAB_SHARED)");
+    return;
+  }
+  c10::InferenceMode guard;
+  Model model = load_model(stories_dir());
+  std::vector<int64_t> prompt;  // 48 tokens of the 512-token vocabulary
+  for (int64_t i = 0; i < 48; ++i) prompt.push_back(1 + (i * 37) % 500);
+  const int64_t n = static_cast<int64_t>(prompt.size()), w = 5;
+  REQUIRE(n > 3 * w);
+  Prefill pre = run_prefill(model, prompt, n);  // every query: the question's length is per prompt
+  auto kept_with = [&](const nlohmann::json& params) {
+    MethodSpec m;
+    m.name = "finch";
+    m.compressor = make_compressor("finch", params);
+    BranchOptions bo;
+    bo.max_new_tokens = 1;
+    bo.keep_kept = true;
+    return run_branch(model, pre, {m, Budget::of_ratio(0.5), 7, 0, 0}, bo).kept;
+  };
+  CHECK_THROWS_WITH_AS(kept_with(nlohmann::json::object()), doctest::Contains("came without its question"), Error);
+  pre.question_start = n - w;  // what the task commands set under --protocol whole
+  const nlohmann::json from_question = kept_with(nlohmann::json::object());
+  CHECK(from_question == kept_with({{"window", w}}));
+  CHECK(from_question != kept_with({{"window", w + 3}}));  // the window decides
 }

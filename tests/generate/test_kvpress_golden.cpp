@@ -157,6 +157,16 @@ std::pair<std::string, json> kvlab_method(const json& config) {
   if (press == "SimLayerKVPress")
     return {"simlayerkv", {{"lazy_threshold", p["lazy_threshold"]}, {"n_last", p["n_last"]}, {"n_recent", p["n_recent"]},
                            {"n_initial", p["n_initial"]}}};
+  if (press == "FinchPress" && !p["rerotate_keys"].get<bool>())  // the question: the prompt's last window_size tokens
+    return {"finch", {{"window", p["window_size"]}, {"normalize_scores", p["normalize_scores"]}}};
+  if (press == "ThinKPress")  // ThinK alone: every entry kept
+    return {"think", {{"scorer", "exact"}, {"key_channel_compression_ratio", p["key_channel_compression_ratio"]},
+                      {"window_size", p["window_size"]}}};
+  if (press == "ComposedPress" && p["presses"].size() == 2 && p["presses"][1]["press"] == "ThinKPress") {
+    const json& t = p["presses"][1]["params"];  // a token press, then ThinK on what it kept
+    return wrapped("think", {{"key_channel_compression_ratio", t["key_channel_compression_ratio"]},
+                             {"window_size", t["window_size"]}}, p["presses"][0]);
+  }
   if (press == "ChunkKVPress") return wrapped("chunkkv", {{"chunk_length", p["chunk_length"]}, {"fill", false}}, p["press"]);
   if (press == "CURPress" && !p["use_random_leverage"].get<bool>())
     return {"cur", {{"n_sink", p["num_sinks"]}, {"leverage", p["leverage_type"]},
@@ -349,7 +359,7 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
     return out;
   };
   std::set<std::string> skipped;
-  int compared_sets = 0, compared_greedy = 0;
+  int compared_sets = 0, compared_greedy = 0, compared_channel_sets = 0;
   for (const auto& config : g["configs"]) {
     const auto [method, params] = kvlab_method(config);
     if (method.empty()) {
@@ -388,6 +398,33 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
         }
       }
       ++compared_sets;
+      if (r.contains("pruned_channels")) {
+        // ThinK: the key channels zeroed in every kept key of a head (channels tied at the cut may
+        // go either way), and the bytes they save: per head its entries x the pruned channels x 4
+        // bytes (float32), less a 64-bit mask.
+        for (int64_t l = 0; l < n_layers; ++l) {
+          const CompressedLayer& cl = layers[size_t(l)];
+          const int64_t d = cl.num.keys.size(2);
+          int64_t pruned_total = 0;
+          for (int64_t h = 0; h < h_kv; ++h) {
+            const at::Tensor zero = (cl.num.keys[h] == 0).all(0);  // [d]: the channel is 0 in every kept key
+            const auto theirs = r["pruned_channels"][l][h].get<std::set<int64_t>>();
+            const auto band = r["channel_tie_band"][l][h].get<std::set<int64_t>>();
+            std::vector<int64_t> differ;
+            int64_t mine = 0;
+            for (int64_t c = 0; c < d; ++c) {
+              mine += zero[c].item<bool>();
+              if (!band.count(c) && zero[c].item<bool>() != bool(theirs.count(c))) differ.push_back(c);
+            }
+            INFO("layer " << l << " KV head " << h << ": pruned channels differ at " << json(differ).dump());
+            CHECK(differ.empty());
+            CHECK(mine == static_cast<int64_t>(theirs.size()));
+            pruned_total += r["n_kept"][l][h].get<int64_t>() * mine;
+          }
+          CHECK(cl.key_bytes_saved == pruned_total * 4 - h_kv * d / 8);
+        }
+        ++compared_channel_sets;
+      }
       if (r["n_ambiguous_heads"].get<int64_t>() > 0) continue;  // a tie may pick another token
       CHECK(greedy(std::move(layers), prompt, r["greedy_ids"].size()) == r["greedy_ids"].get<std::vector<int64_t>>());
       ++compared_greedy;
@@ -424,11 +461,13 @@ TEST_CASE("kvpress differential: kept positions and greedy ids on SmolLM2-135M (
   }
   CHECK(compared_rerotated >= 3);  // of 8: the others have a tie at some cut (skipped, as above)
   CHECK(changed_by_rerotation >= 1);
-  MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets, " << compared_greedy
+  MESSAGE("kvpress golden: " << compared_sets << " (press, prompt) kept sets, " << compared_channel_sets
+                             << " of them with ThinK's pruned key channels, " << compared_greedy
                              << " greedy continuations and " << compared_rerotated << " re-rotated ones ("
                              << changed_by_rerotation << " changed by re-rotation) compared; not in kvlab yet: "
                              << json(std::vector<std::string>(skipped.begin(), skipped.end())).dump());
-  CHECK(compared_sets == 128);  // 32 press configurations x 2 ratios x 2 prompts
+  CHECK(compared_sets == 140);  // 35 press configurations x 2 ratios x 2 prompts
+  CHECK(compared_channel_sets == 8);  // ThinKPress and ComposedPress(SnapKV, ThinK) x 2 ratios x 2 prompts
 }
 
 using test::method_spec;

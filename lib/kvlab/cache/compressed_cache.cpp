@@ -52,7 +52,7 @@ int64_t CompressedLayer::bytes() const {
   for (size_t h = 0; h < heads.size(); ++h)
     ragged_bytes += held(heads[h], h < head_quantized.size() ? head_quantized[h] : QuantizedPart{});
   return held(num, quantized) + set_bytes(den) + ragged_bytes + (stream ? set_bytes(stream->held()) : 0) +
-         (stream && stream->den() ? set_bytes(*stream->den()) : 0);
+         (stream && stream->den() ? set_bytes(*stream->den()) : 0) - key_bytes_saved;
 }
 
 void CompressedLayer::split_heads() {
@@ -186,6 +186,7 @@ CompressedLayer compress_layer(const Compressor& c, const CompressOptions& opt, 
                           at::arange(end, n, lopt).unsqueeze(0).expand({k.size(0), n - end})}, 1);
     if (cr.has_separate_den()) out.den = assemble(k, v, begin, end, cr.den_keys, at::Tensor(), cr.den_bias);
     out.logit_scale = cr.logit_scale;
+    out.key_bytes_saved = cr.key_bytes_saved();
   }
   if (compress_ms) *compress_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;

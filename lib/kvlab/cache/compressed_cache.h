@@ -41,6 +41,9 @@ struct CompressedLayer {
   at::Tensor origin;
   KVSet den;                 // keys [Hkv, m', d], bias, pos; undefined keys = the numerator set
   double logit_scale = 1.0;  // BUZZ log n
+  // ThinK's narrower prefill keys (CompressedKV::key_bytes_saved), which bytes() leaves out; the
+  // prefill's entries stay held (a prefill-only layer: decoded tokens are appended whole).
+  int64_t key_bytes_saved = 0;
   int64_t n_positions = 0;   // positions seen so far (the next token's position)
   int64_t prefix = 0;        // the exact entries of `num` before the compressed region (--keep-first)
   std::shared_ptr<LayerStream> stream;  // streaming methods: the entries after the prefix

@@ -24,6 +24,16 @@ double CompressedKV::mean_memory_entries() const {
   return m;
 }
 
+int64_t CompressedKV::key_bytes_saved() const {
+  if (!pruned_channels.defined()) return 0;
+  const int64_t h_kv = keys.size(0), m = keys.size(1), d = keys.size(2);
+  const at::Tensor live = bias.defined() ? at::isfinite(bias).sum(1).to(at::kCPU)                      // [Hkv]
+                                         : at::full({h_kv}, m, at::TensorOptions().dtype(at::kLong));
+  const at::Tensor pruned = pruned_channels.sum(1).to(at::kCPU, at::kLong);                            // [Hkv]
+  const int64_t channel_bytes = (live.to(at::kLong) * pruned).sum().item<int64_t>() * int64_t(keys.element_size());
+  return channel_bytes - h_kv * ((d + 7) / 8);  // each head's d-bit mask
+}
+
 int64_t check_observation_queries(const std::vector<const Compressor*>& methods, int64_t obs_queries) {
   KVLAB_CHECK(obs_queries >= -1, "--obs-queries must be >= 0 (or -1 for every prompt query), got {}", obs_queries);
   int64_t need = obs_queries;

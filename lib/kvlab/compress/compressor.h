@@ -70,12 +70,20 @@ struct CompressedKV {
   at::Tensor den_bias;  // [n_kv_heads, n_den]
   // Multiplies every logit q·k/√d of the whole cache (BUZZ log n scaling, Eq. 7–8); 1 = none.
   double logit_scale = 1.0;
+  // Key channels zeroed in every returned key (ThinK's key-channel pruning): [n_kv_heads, head_dim]
+  // bool, true = pruned; undefined = none. Such keys are stored narrower: head_dim - p channels
+  // each, plus a head_dim-bit mask per head.
+  at::Tensor pruned_channels;
 
   bool has_separate_den() const { return den_keys.defined(); }
   // Entries per KV head that are not padding, averaged over heads (numerator set).
   double mean_entries() const;
   // Entries of memory per head: numerator entries plus separate denominator entries.
   double mean_memory_entries() const;
+  // The bytes the narrower keys save over the whole numerator set (pruned_channels): per KV head its
+  // live entries (bias > -inf) times its pruned channels times the key's element size, less the
+  // masks; 0 without pruning.
+  int64_t key_bytes_saved() const;
 };
 
 // What a method needs from a second prefill that reconstructs the context (kvzip): the chunk size

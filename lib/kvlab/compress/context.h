@@ -39,6 +39,10 @@ inline constexpr const char* out_proj = "out_proj";
 // region (a second prefill through the model, generate/reconstruction.h), NaN rows for layers that
 // are not compressed. kvzip ranks them across layers.
 inline constexpr const char* reconstruction_scores = "reconstruction_scores";
+// 0-dim int64: the prompt position where the question (and the assistant prefix after it) begins,
+// when the question was prefilled with its context (the task commands under --protocol whole).
+// finch scores with the queries from there on.
+inline constexpr const char* question_start = "question_start";
 }  // namespace inputs
 
 class Context {

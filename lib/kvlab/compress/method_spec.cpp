@@ -235,6 +235,22 @@ std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, c
   return out;
 }
 
+std::vector<MethodSpec> without_question(std::vector<MethodSpec> methods, const std::string& spec,
+                                         const std::string& command) {
+  std::vector<MethodSpec> out;
+  for (auto& m : methods) {
+    const nlohmann::json p = m.compressor ? m.compressor->params() : nlohmann::json::object();
+    if (!compressor_info(m.name).reads(inputs::question_start) || p.value("window", int64_t{0}) > 0) {
+      out.push_back(std::move(m));
+      continue;
+    }
+    KVLAB_CHECK(spec == "all", "--method {}: scores with the question's queries, and {} prefills no question; give "
+                "--param {}.window=N (the prompt's last N tokens), or run a task command under --protocol whole",
+                m.label(), command, m.label());
+  }
+  return out;
+}
+
 void check_calibrated_on(const std::vector<MethodSpec>& methods, const std::string& model_key,
                          const std::string& model_id) {
   for (const auto& m : methods)

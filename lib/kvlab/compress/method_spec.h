@@ -83,6 +83,13 @@ void check_quantized_methods(const std::vector<MethodSpec>& methods, bool stream
 // with keep_first/keep_last parameters is an error naming `flags`.
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags);
 
+// Methods that score with the question's queries (their registry entry reads inputs::question_start:
+// finch) where `command`'s prefill holds no question (replay, generate, the task commands under
+// --protocol context), unless a `window` parameter gives their window: left out of `all`, named
+// alone an error naming --param.
+std::vector<MethodSpec> without_question(std::vector<MethodSpec> methods, const std::string& spec,
+                                         const std::string& command);
+
 // For commands that run methods without a model (replay, bench compress: the context's out_proj is
 // undefined there): with `spec` "all" the methods that need the model (CompressorInfo::needs_model:
 // its W_o, or a second prefill through it) are left out; named explicitly they are an error naming --method

@@ -136,6 +136,8 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
     // What a method may read beyond the layer (compress/context.h), each made when one asks.
     Context context;
     context.provide(inputs::rope_inv_freq, model.inv_freq);
+    if (prefill.question_start >= 0)
+      context.provide(inputs::question_start, at::scalar_tensor(prefill.question_start, at::kLong));
     context.provide(inputs::out_proj, model.weights.layers[l].wo);
     if (all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1))
       context.provide(inputs::attention_sums, [&prefill, l] { return prefill.attention_sums(l); }, 1);  // [Hq, n]
@@ -161,6 +163,12 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
     layers.push_back(compress_layer(*spec.method.compressor, co, prefill.k[l], prefill.v[l], prefill.q_obs[l],
                                     spec.keep_first, spec.keep_last, l, n_layers, compress_ms, spec.stream && !decodes,
                                     spec.count_whole, context));
+    KVLAB_CHECK(layers.back().key_bytes_saved == 0 ||
+                    (!decodes && !spec.method.quant && spec.budget.kind != Budget::Kind::bytes && !spec.rerotate),
+                "--method {}: its keys lose channels (ThinK), which kvlab counts only in a full-precision cache "
+                "compressed once after the prefill; not yet with --decode-rule compress or rerotate, a quantizer or "
+                "--bytes (issue 53): give --ratio or --budget and --decode-rule prefill",
+                spec.method.label());
     if (decodes) {
       KVLAB_CHECK(!spec.rerotate, "--decode-rule compress: the branch cannot also re-rotate");
       compress_while_decoding(layers.back(), spec.method.compressor, co, spec.count_whole, spec.decoding, l, n_layers,

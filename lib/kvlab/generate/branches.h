@@ -42,6 +42,10 @@ struct Prefill {
   // KVzip's repeat prompts for this prompt (generate/reconstruction.h), set by the command that
   // tokenized it; a branch whose method reconstructs the context (kvzip) needs them.
   ReconstructionPrompt reconstruction;
+  // Where the question begins in `prompt` when it was prefilled with its context (the task commands
+  // under --protocol whole: the record's context_len); -1 = not known. Methods read it as
+  // compress/context.h inputs::question_start.
+  int64_t question_start = -1;
   // [n_layers, Hkv, n] float32: every layer's context-reconstruction scores (NaN rows for window
   // layers), made by one more forward through `model` on first use and shared by every branch
   // asking for the same request; *seconds (if given) = the time that forward took.

@@ -164,6 +164,9 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
   }
   out.compress_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   const auto& cr = out.region;
+  KVLAB_CHECK(!cr.pruned_channels.defined() || (!quant && b.kind != Budget::Kind::bytes && !p.rerotate),
+              "--method {}: its keys lose channels (ThinK), which kvlab counts only in a full-precision cache; not yet "
+              "with a quantizer, --bytes or --rerotate (issue 53): give --ratio or --budget", c.name());
 
   at::Tensor k = u.k, region_keys = cr.keys;  // [Hkv, n, d], [Hkv, m, d]
   if (p.rerotate) std::tie(k, region_keys) = rerotate(u, cr, region_begin, region_end, c.name());
@@ -184,7 +187,8 @@ ReplayOutput replay_attend(const ReplayUnit& u, const Compressor& c, const Budge
     settle_quantized(num.keys, num.values, quantized, *quant, 0);
     out.kv_bytes = quantized_kv_bytes(num.keys, num.values, quantized);
   } else {
-    out.kv_bytes = live_entries * num.keys.size(2) * int64_t(num.keys.element_size() + num.values.element_size());
+    out.kv_bytes = live_entries * num.keys.size(2) * int64_t(num.keys.element_size() + num.values.element_size()) -
+                   cr.key_bytes_saved();  // ThinK's narrower keys
   }
   AttentionOptions ao;
   ao.query_pos = positions(n - n_q, n, u.k);                                // the evaluation queries

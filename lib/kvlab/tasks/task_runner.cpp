@@ -288,6 +288,9 @@ nlohmann::json run_task(const Model& model, const Tokenizer& tok, const TaskSpec
       shared->reconstruction = reconstruction_prompt_for(context, opt.reconstruction_templated,
                                                          opt.reconstruction_plain);
       shared_group = r.context_group;
+      // --protocol whole: the question is in the prefill, from context_len on (finch's window).
+      if (!two_stage && r.context_len > 0 && r.context_len < int64_t(context.size()))
+        shared->question_start = r.context_len;
     }
     const Prefill& pre = *shared;
     nlohmann::json kept_branches = nlohmann::json::array();
