@@ -883,6 +883,39 @@ TEST_CASE("cli: a method whose threshold sets its memory runs once whatever the 
   CHECK(d.out.find("simlayerkv keeps what its own threshold decides") != std::string::npos);
 }
 
+TEST_CASE("cli: think holds snapkv's entries in fewer bytes; finch's window is the question; what they cannot do yet is "
+          "refused before the model loads (issue 53)") {
+  const std::string model = test::shared_dir() + "/models/stories260K";
+  if (!fs::exists(model + "/model.safetensors")) return;
+  const std::string dir = test::temp_dir("kvlab_cli_think_finch");
+  const std::string niah = "niah --model " + model + " --haystack-dir " + test::shared_dir() +
+                           "/data/niah/PaulGrahamEssays --lengths 300 --depths 50 --max-new-tokens 4 --quiet ";
+  auto r = run_kvlab(niah + "--method snapkv,think,finch --ratio 0.5 --protocol whole --out " + dir + "/niah");
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  std::map<std::string, nlohmann::json> by;
+  const auto result = nlohmann::json::parse(test::read_file(dir + "/niah/result.json"));  // named: rows of a temporary dangle
+  for (const auto& row : result["rows"])
+    by[row["method"].get<std::string>()] = row;
+  REQUIRE(by.count("snapkv"));
+  REQUIRE(by.count("think"));
+  REQUIRE(by.count("finch"));
+  // think wraps snapkv at its defaults: the same entries, half of each key's channels not stored.
+  CHECK(by["think"]["entries_start"].get<double>() == doctest::Approx(by["snapkv"]["entries_start"].get<double>()));
+  CHECK(by["think"]["bytes_mean"].get<double>() < 0.8 * by["snapkv"]["bytes_mean"].get<double>());
+  CHECK(by["think"]["bytes_mean"].get<double>() > 0.7 * by["snapkv"]["bytes_mean"].get<double>());
+  for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--method think --bytes 0.5", "--method think with --bytes"},
+           {"--method think --ratio 0.5 --decode-rule compress:32", "--method think with --decode-rule compress"},
+           {"--method think+kivi2 --ratio 0.5", "not with a quantizer"},
+           {"--method finch --ratio 0.5 --protocol context", "--param finch.window=N"}}) {
+    INFO(flags);
+    auto e = run_kvlab(niah + flags + " --out " + dir + "/refused");
+    CHECK(e.code != 0);
+    CHECK(e.out.find(says) != std::string::npos);
+    CHECK(!fs::exists(dir + "/refused/result.json"));
+  }
+}
+
 TEST_CASE("cli: quantized branches by name in a task command and replay (issue 52)") {
   const std::string model = test::shared_dir() + "/models/stories260K";
   if (!fs::exists(model + "/model.safetensors")) return;
