@@ -264,8 +264,9 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
     KVLAB_CHECK(o.compress_every == 0 || !o.rerotate, "--compress-every and --rerotate: re-rotation moves a method's "
                 "own stream; give one of them");
     check_quantized_methods(methods, !o.prefill_only || o.compress_every > 0, "--prefill-only");
-    check_channel_pruning(methods, {{!o.bytes.empty(), "--bytes"}, {o.compress_every > 0, "--compress-every"},
-                                    {o.rerotate, "--rerotate"}});
+    methods = without_channel_pruning(std::move(methods), o.method,
+                                      {{!o.bytes.empty(), "--bytes"}, {o.compress_every > 0, "--compress-every"},
+                                       {o.rerotate, "--rerotate"}});
     if (o.compress_every > 0)
       for (const auto& m : methods)
         if (m.name != "exact") {

@@ -145,7 +145,7 @@ void run_replay(const ReplayOptions& o, const nlohmann::json& effective) {
   auto settings = budget_settings(o.ratio, o.budget, o.T, o.bytes);
   auto methods = without_question(without_model_weights(build_methods(o.method, o.param, o.params), o.method, "replay"),
                                   o.method, "replay");
-  check_channel_pruning(methods, {{!o.bytes.empty(), "--bytes"}, {o.rerotate, "--rerotate"}});
+  methods = without_channel_pruning(std::move(methods), o.method, {{!o.bytes.empty(), "--bytes"}, {o.rerotate, "--rerotate"}});
   auto seeds = seed_values(o.seeds, o.seed_list);
   auto [shard_i, shard_n] = parse_shard(o.shard);
 

@@ -78,7 +78,7 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
   if (plan.protocol.question == TaskProtocol::Question::context)
     methods = without_question(std::move(methods), o.method, "a task command under --protocol context");
   check_quantized_methods(methods, plan.protocol.streams(), "--decode-rule prefill");
-  check_channel_pruning(methods, {{!o.bytes.empty(), "--bytes"},
+  methods = without_channel_pruning(std::move(methods), o.method, {{!o.bytes.empty(), "--bytes"},
                                   {plan.protocol.decode == TaskProtocol::Decode::compress, "--decode-rule compress"},
                                   {plan.protocol.decode == TaskProtocol::Decode::rerotate, "--decode-rule rerotate"}});
   if (plan.protocol.decode == TaskProtocol::Decode::compress)

@@ -906,7 +906,7 @@ TEST_CASE("cli: think holds snapkv's entries in fewer bytes; finch's window is t
   for (const auto& [flags, says] : std::vector<std::pair<std::string, std::string>>{
            {"--method think --bytes 0.5", "--method think with --bytes"},
            {"--method think --ratio 0.5 --decode-rule compress:32", "--method think with --decode-rule compress"},
-           {"--method think+kivi2 --ratio 0.5", "not with a quantizer"},
+           {"--method think+kivi2 --ratio 0.5", "--method think+kivi2 with a quantizer"},
            {"--method finch --ratio 0.5 --protocol context", "--param finch.window=N"}}) {
     INFO(flags);
     auto e = run_kvlab(niah + flags + " --out " + dir + "/refused");
@@ -914,6 +914,19 @@ TEST_CASE("cli: think holds snapkv's entries in fewer bytes; finch's window is t
     CHECK(e.out.find(says) != std::string::npos);
     CHECK(!fs::exists(dir + "/refused/result.json"));
   }
+  // --method all leaves them out there instead (finch: replay prefills no question).
+  auto syn = run_kvlab("synth --out " + dir + "/syn.h5 --kind random --tokens 300 --queries 64 --layers 1 --q-heads 4 "
+                       "--kv-heads 2 --head-dim 16 --samples 1");
+  REQUIRE_MESSAGE(syn.code == 0, syn.out);
+  auto all = run_kvlab("replay --quiet --capture " + dir + "/syn.h5 --method all --bytes 0.5 --eval-queries last:32 "
+                       "--obs-queries 32 --out " + dir + "/all");
+  REQUIRE_MESSAGE(all.code == 0, all.out);
+  const auto rows = nlohmann::json::parse(test::read_file(dir + "/all/result.json"))["rows"];
+  std::set<std::string> ran;
+  for (const auto& row : rows) ran.insert(row["method"].get<std::string>());
+  CHECK(ran.count("snapkv") == 1);
+  CHECK(ran.count("think") == 0);
+  CHECK(ran.count("finch") == 0);
 }
 
 TEST_CASE("cli: quantized branches by name in a task command and replay (issue 52)") {

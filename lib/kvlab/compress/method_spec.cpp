@@ -53,17 +53,23 @@ void check_quantized_methods(const std::vector<MethodSpec>& methods, bool stream
                 "(issue 52); give {} (it then compresses once after the prefill)", m.label(), m.name, fix);
 }
 
-void check_channel_pruning(const std::vector<MethodSpec>& methods, const std::vector<std::pair<bool, std::string>>& flags) {
-  for (const auto& m : methods) {
+std::vector<MethodSpec> without_channel_pruning(std::vector<MethodSpec> methods, const std::string& spec,
+                                                const std::vector<std::pair<bool, std::string>>& flags) {
+  std::vector<MethodSpec> out;
+  for (auto& m : methods) {
     const nlohmann::json p = m.compressor ? m.compressor->params() : nlohmann::json::object();
-    if (p.value("key_channel_compression_ratio", 0.0) <= 0.0) continue;
-    KVLAB_CHECK(!m.quant, "--method {}: its keys lose channels (ThinK), which kvlab counts only in a full-precision "
-                "cache; not with a quantizer yet (issue 53)", m.label());
-    for (const auto& [set, flag] : flags)
-      KVLAB_CHECK(!set, "--method {} with {}: its keys lose channels (ThinK), which kvlab counts only in a cache "
-                  "compressed once after the prefill and sized in entries; not yet (issue 53): give --ratio or --budget "
-                  "and the default decode rule", m.label(), flag);
+    std::string flag = m.quant ? "a quantizer" : "";
+    for (const auto& [set, name] : flags)
+      if (set && flag.empty()) flag = name;
+    if (p.value("key_channel_compression_ratio", 0.0) <= 0.0 || flag.empty()) {
+      out.push_back(std::move(m));
+      continue;
+    }
+    KVLAB_CHECK(spec == "all", "--method {} with {}: its keys lose channels (ThinK), which kvlab counts only in a "
+                "full-precision cache compressed once after the prefill and sized in entries; not yet (issue 53): "
+                "give --ratio or --budget and the default decode rule", m.label(), flag);
   }
+  return out;
 }
 
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags) {

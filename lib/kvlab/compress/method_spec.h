@@ -80,10 +80,11 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
 void check_quantized_methods(const std::vector<MethodSpec>& methods, bool streams, const std::string& fix);
 
 // A method whose keys lose channels (think with key_channel_compression_ratio > 0) in a run that
-// would quantize it, or whose `flags` (e.g. {"--bytes", "--decode-rule compress"}) are set: an
-// error naming --method and the flag, before the model loads. kvlab counts the narrower keys only
-// in a full-precision cache compressed once (issue 53).
-void check_channel_pruning(const std::vector<MethodSpec>& methods, const std::vector<std::pair<bool, std::string>>& flags);
+// would quantize it, or whose `flags` (e.g. {"--bytes", "--decode-rule compress"}) are set: left
+// out of `all` (`spec`), named alone an error naming --method and the flag, before the model loads.
+// kvlab counts the narrower keys only in a full-precision cache compressed once (issue 53).
+std::vector<MethodSpec> without_channel_pruning(std::vector<MethodSpec> methods, const std::string& spec,
+                                                const std::vector<std::pair<bool, std::string>>& flags);
 
 // For commands whose exact tokens come from their own flags only (replay, ppl, bench): a method
 // with keep_first/keep_last parameters is an error naming `flags`.
