@@ -58,8 +58,29 @@ about half the time:
   chunkkv_knorm/_snapkv  ChunkKVPress(Knorm/SnapKV, chunk_length)  chunkkv scorer=... chunk_length fill=false
   chunk_knorm            ChunkPress(Knorm, chunk_length)     chunk scorer=knorm chunk_length fill=false
   kvzip                  KVzipPress(chunk_size, layerwise, n_sink)   kvzip chunk_size layerwise n_sink
+  think_snapkv           ComposedPress([SnapKVPress(window, kernel), ThinKPress(lam, tw)])
+                                                             think scorer=snapkv window kernel pooling=avg
+                                                             key_channel_compression_ratio=lam window_size=tw
+  think_alone            ThinKPress(lam, tw)                 think scorer=exact ... (every position kept)
+  finch                  FinchPress(normalize_scores, rerotate_keys=False), the delimiter before the last
+                         W tokens                            finch window=W normalize_scores
 (CompactorPress / LeverageScorePress: kvpress's Gaussian sketch replaced by the identity, as the golden
 does, so both sides compute exact leverage scores.)
+
+ThinK (as make_kvpress_golden.py): ThinKPress zeroes each KV head's p = int(64 * lam) key channels of
+lowest (mean q^2 over its last tw queries) * (mean k^2 over the keys it is given); in ComposedPress it
+runs on SnapKVPress's kept keys. The kept sets compared are SnapKV's (ThinK alone: every position,
+no band; kvlab --budget n); the channels show in the greedy ids (kvlab's --kept-out has no
+channels). ThinkRecorder's channel tie band (within 1e-5 relative at the cut, either side may prune
+them): where a head has one the greedy ids are recorded (greedy_equal_despite_channel_ties), not
+judged. Where a head has a position band, kvpress's decode through kvlab's sets runs
+ComposedPress([a press keeping exactly kvlab's sets, the case's ThinKPress]).
+FINCH (as make_kvpress_golden.py): the prefill is ids[:n-W] + [delimiter] + ids[n-W:] on the model
+copy with the delimiter's row (base.finch_model); the hook sets window_size = W and drops the
+delimiter, decoding goes on at n, n+1, ... W: for question and chat prompts (3 cases in 4) the
+question's own tokens (from "\n\nQuestion: " on, the chat template's tail included), else a drawn
+16..64, below n / 2 either way; kvlab gets --param window=W. The window's keys score max + 1
+(kvpress) / +inf (kvlab): where n_kept < W the band holds the window.
 
 Counts: a ScorerPress keeps n_kept = max(1, int(n * (1 - ratio))) per KV head (kvpress.utils.
 compute_n_kept); kvlab gets --budget n_kept, or (drawn half the time, when kvlab's rounding names the
@@ -293,6 +314,32 @@ def make_presses():
                                 "n_sink": vary(rng, 4, [1, 8], 0.75)},
                    lambda kp, r, p: kp.KVzipPress(compression_ratio=r, **p),
                    lambda p, r: ("kvzip", dict(p))))
+    # ThinK (key channels) alone, and after SnapKV as kvpress's ComposedPress: the kept sets are SnapKV's
+    # (ThinK alone keeps every position), the pruned channels show in the greedy ids.
+    def draw_think(rng):
+        return {"key_channel_compression_ratio": vary(rng, 0.5, [0.25, 0.75]), "think_window_size": vary(rng, 32, [16, 64])}
+
+    def make_think(kp, p):
+        return kp.ThinKPress(key_channel_compression_ratio=p["key_channel_compression_ratio"],
+                             window_size=p["think_window_size"])
+
+    def think_kvlab(p):
+        return {"key_channel_compression_ratio": p["key_channel_compression_ratio"], "window_size": p["think_window_size"]}
+
+    P.append(Press("think_snapkv", "scorer", lambda rng: {**_snap_params(rng), **draw_think(rng)},
+                   lambda kp, r, p: kp.ComposedPress([kp.SnapKVPress(compression_ratio=r, window_size=p["window_size"],
+                                                                     kernel_size=p["kernel_size"]), make_think(kp, p)]),
+                   lambda p, r: ("think", {**_inner_kvlab("snapkv", p), **think_kvlab(p)})))
+    P.append(Press("think_alone", "all", draw_think, lambda kp, r, p: make_think(kp, p),
+                   lambda p, r: ("think", {"scorer": "exact", **think_kvlab(p)})))
+    # FINCH's window (the question after the delimiter) is set per prompt by finch_window (draw_case):
+    # the real question's tokens (question / chat prompts, with probability question_p) or window_draw.
+    P.append(Press("finch", "scorer",
+                   lambda rng: {"window_draw": rng.randint(16, 64), "question_p": rng.random(),
+                                "normalize_scores": vary(rng, True, [False], 0.75)},
+                   lambda kp, r, p: kp.FinchPress(compression_ratio=r, normalize_scores=p["normalize_scores"],
+                                                  rerotate_keys=False),
+                   lambda p, r: ("finch", {"window": p.get("window", p["window_draw"]), "normalize_scores": p["normalize_scores"]})))
     return {p.name: p for p in P}
 
 
@@ -397,7 +444,9 @@ def render_chat(template, content):
 
 
 def draw_prompt(rng, ctx, press, params, ratio, lo, hi):
-    """(ids, style, source, question) of a length in [lo, hi] that press can name (length_ok)."""
+    """(ids, style, source, question, question's tokens) of a length in [lo, hi] that press can name
+    (length_ok). The question's tokens: the prompt's last ones from "\n\nQuestion: " on (chat: with the
+    template's tail), those after the longest common prefix of ids and the text before it; None for raw."""
     style = pick(rng, STYLES)
     source = pick(rng, SOURCES)
     target = rng.randint(lo, hi)
@@ -411,8 +460,9 @@ def draw_prompt(rng, ctx, press, params, ratio, lo, hi):
         while not ok(n) and n < len(ids_all):
             n += 1
         assert ok(n) and n <= len(ids_all), (n, len(ids_all))
-        return ids_all[:n], style, where, None
+        return ids_all[:n], style, where, None, None
     q = rng.choice(QUESTIONS)
+    rendered_of = {}
 
     def build(k):
         body = ctx.tok.decode(eids[:k]).rstrip()
@@ -420,14 +470,22 @@ def draw_prompt(rng, ctx, press, params, ratio, lo, hi):
             rendered = render_chat(ctx.template, body + "\n\nQuestion: " + q)
         else:
             rendered = body + "\n\nQuestion: " + q + "\nAnswer:"
+        rendered_of[k] = rendered
         return ctx.tok.encode(rendered, add_special_tokens=True).ids
+
+    def question_tokens(ids, rendered):
+        pre = ctx.tok.encode(rendered[: rendered.rindex("\n\nQuestion: ")], add_special_tokens=True).ids
+        c = 0
+        while c < min(len(pre), len(ids)) and pre[c] == ids[c]:
+            c += 1
+        return len(ids) - c
 
     overhead = len(build(50)) - 50
     k = max(10, target - overhead)
     for _ in range(600):
         ids = build(k)
         if ok(len(ids)):
-            return ids, style, where, q
+            return ids, style, where, q, question_tokens(ids, rendered_of[k])
         k += 1 if len(ids) < hi + 64 else -7
     raise RuntimeError(f"no {style} prompt of a nameable length near {target} for {press.name} at {ratio}")
 
@@ -462,6 +520,12 @@ class Ctx:
         eos = m.generation_config.eos_token_id
         self.eos_ids = eos if isinstance(eos, list) else [eos]
 
+    def finch(self):
+        """(the sdpa model's copy with FinchPress's delimiter row, the delimiter's id): base.finch_model."""
+        if "finch" not in self.models:
+            self.models["finch"] = base.finch_model(self.model("sdpa"))
+        return self.models["finch"]
+
     def model(self, impl):
         if impl not in self.models:
             from transformers import AutoModelForCausalLM
@@ -475,12 +539,37 @@ class Ctx:
 
 
 def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
-    """kept[l][h] (sorted positions), tie_band[l][h], greedy ids."""
+    """kept[l][h] (sorted positions), tie_band[l][h], greedy ids, and ThinK's channels (info: per
+    layer and KV head the pruned key channels and their tie band, where the press has ThinK)."""
     base.MAX_NEW_TOKENS = max_new
     press = press_spec.make(ctx.kvpress, ratio, params)
     model = ctx.model(press_spec.impl)
     ids_t = torch.tensor([ids], dtype=torch.long)
     L, H = ctx.n_layers, ctx.n_kv
+    info = {}
+    # ThinKPress alone or after SnapKVPress inside ComposedPress (as make_kvpress_golden.py): its
+    # channels recorded apart (ThinkRecorder); the sequence press before it recorded as usual, else
+    # every position kept.
+    parts = press.presses if type(press).__name__ == "ComposedPress" else [press]
+    think = [x for x in parts if type(x).__name__ == "ThinKPress"]
+    seq = [x for x in parts if type(x).__name__ != "ThinKPress"]
+    assert len(think) <= 1 and len(seq) <= 1, press_spec.name
+    trec = base.ThinkRecorder(think[0], H) if think else None
+    prefill_ids = None
+    if type(press).__name__ == "FinchPress":
+        # context + delimiter + question (the last `window` tokens) on the model copy with the
+        # delimiter's row; the hook sets window_size and drops the delimiter (make_kvpress_golden.py).
+        model, delim = ctx.finch()
+        press.delimiter_token_id = delim
+        cut = len(ids) - params["window"]
+        prefill_ids = torch.tensor([ids[:cut] + [delim] + ids[cut:]], dtype=torch.long)
+    if not seq:  # ThinK alone: every position kept, no band
+        with torch.no_grad():
+            greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
+        kept = [[list(range(len(ids))) for _ in range(H)] for _ in range(L)]
+        bands = [[[] for _ in range(H)] for _ in range(L)]
+        return kept, bands, greedy, think_info(trec, L)
+    whole, press = press, seq[0]  # the press run (ComposedPress), and the sequence press recorded below
     if press_spec.kind == "kvzip":
         kz._Tokenizers.template = ctx.template if chat else None
         rec = kz.record_kvzip(press, L, H)
@@ -538,11 +627,15 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
         rec = base.Recorder(press, H)
         try:
             with torch.no_grad():
-                greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
+                greedy, _ = base.greedy_pipeline_style(model, whole, ids_t, ctx.eos_ids, prefill_ids)
         finally:
             if restore_vwl1:
                 restore_vwl1()
         assert sorted(rec.layers) == list(range(L)), sorted(rec.layers)
+        if prefill_ids is not None:  # the hook found the delimiter, and dropped it: every layer saw the n tokens
+            assert press.window_size == params["window"], (press.window_size, params["window"])
+            assert all(rec.layers[i]["n"] == len(ids) for i in range(L))
+        info = think_info(trec, L)
         kept = [[list(k) for k in rec.layers[l]["kept"]] for l in range(L)]
         bands = [[list(b) for b in rec.layers[l]["tie_band"]] for l in range(L)]
         atol = SCORE_ATOL.get(press_spec.name, 0.0)
@@ -572,7 +665,16 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
                                             press.first_stage_ratio, press.epsilon)
             for h in range(H):
                 bands[l][h] = sorted(set(bands[l][h]) | set(extra[h]))
-    return kept, bands, greedy
+    return kept, bands, greedy, info
+
+
+def think_info(trec, L):
+    """ThinkRecorder's channels: {} without ThinK."""
+    if trec is None:
+        return {}
+    assert sorted(trec.layers) == list(range(L)), sorted(trec.layers)
+    return {"pruned_channels": [trec.layers[l]["pruned_channels"] for l in range(L)],
+            "channel_tie_band": [trec.layers[l]["channel_tie_band"] for l in range(L)]}
 
 
 def lagkv_rank_band(raw, kth, n_sink, lag):
@@ -681,6 +783,30 @@ def kvpress_greedy_on_sets(ctx, ids, sets, max_new):
     return generated
 
 
+def kvpress_think_greedy_on_sets(ctx, press_spec, params, ratio, ids, sets, max_new):
+    """Greedy ids of kvpress's ComposedPress([a press keeping exactly the given sets, the case's
+    ThinKPress]), pipeline-style: ThinK's channels computed on the keys of kvlab's kept sets, as
+    kvpress would have had its sequence press kept them (sets[l][h]: positions; each head keeps
+    compute_n_kept(n, ratio) of them, the counts compare() checked)."""
+    kp = ctx.kvpress
+
+    class FixedSetPress(kp.ScorerPress):
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            s = torch.zeros(keys.shape[:3], dtype=keys.dtype)
+            for h, kept in enumerate(sets[module.layer_idx]):
+                s[0, h, list(kept)] = 1.0
+            return s
+
+    composed = press_spec.make(kp, ratio, params)
+    think = [x for x in composed.presses if type(x).__name__ == "ThinKPress"]
+    press = kp.ComposedPress([FixedSetPress(compression_ratio=ratio), think[0]])
+    base.MAX_NEW_TOKENS = max_new
+    with torch.no_grad():
+        greedy, _ = base.greedy_pipeline_style(ctx.model("sdpa"), press, torch.tensor([ids], dtype=torch.long),
+                                               ctx.eos_ids)
+    return greedy
+
+
 def kvlab_command(args, ctx, method, mparams, count, ids_file, kept_file, max_new):
     cmd = [args.kvlab, "--threads", "1", "generate", "--model", ctx.gguf, "--prompt-ids", "@IDS@",
            "--method", method]
@@ -693,16 +819,32 @@ def kvlab_command(args, ctx, method, mparams, count, ids_file, kept_file, max_ne
     return cmd, shown
 
 
+def finch_window(params, n, q_len):
+    """FINCH's window (the tokens after its delimiter) for a prompt of n tokens: the question's q_len
+    tokens (question / chat prompts, 3 cases in 4), else the drawn 16..64; below n / 2 either way."""
+    p = dict(params)
+    use_q = q_len is not None and p["question_p"] < 0.75 and 1 <= q_len < n / 2
+    p["window"] = q_len if use_q else min(p["window_draw"], (n - 1) // 2)
+    p["window_is_question"] = use_q
+    return p
+
+
 # ------------------------------------------------------------------------------ one case
 def draw_case(args, ctx, press, seed, index):
     rng = random.Random(f"{seed}/{press.name}/{index}")
     params = press.draw(rng)
     ratio = rng.choice(RATIOS)
-    ids, style, where, q = draw_prompt(rng, ctx, press, params, ratio, args.min_tokens, args.max_tokens)
+    if press.kind == "all":  # ThinK alone: no compression ratio, every position kept
+        ratio = 0.0
+    ids, style, where, q, q_len = draw_prompt(rng, ctx, press, params, ratio, args.min_tokens, args.max_tokens)
     n = len(ids)
+    if press.name == "finch":
+        params = finch_window(params, n, q_len)
     if press.kind == "kvzip":
         total, _ = kvzip_kept_total(n, ratio, params["layerwise"], ctx.n_layers, ctx.n_kv)
         b = total // (ctx.n_layers * ctx.n_kv)
+    elif press.kind == "all":
+        b = n
     else:
         b = n_kept_per_head(n, ratio)
     frac = f"{1 - ratio:.10g}"
@@ -712,8 +854,10 @@ def draw_case(args, ctx, press, seed, index):
     if use_ratio and press.name.startswith("criticalkv_") and not ctx.any_length:
         fsr = params["first_stage_ratio"]
         use_ratio = kvlab_first_stage(("ratio", frac), n, fsr) == criticalkv_first_stage(n, ratio, fsr)
+    if press.kind == "all":
+        use_ratio = False
     count = ("ratio", frac) if use_ratio else ("budget", b)
-    return {"params": params, "ratio": ratio, "ids": ids, "style": style, "source": where, "question": q,
+    return {"params": params, "ratio": ratio, "ids": ids, "style": style, "source": where, "question": q, "q_len": q_len,
             "n": n, "budget": b, "count": count}
 
 
@@ -735,7 +879,7 @@ def compare(n, mine_layers, kept, bands, kind, n_kv):
             jmin = min(jmin, jac)
             layer_mine += len(mine)
             layer_theirs += len(theirs)
-            if kind in ("scorer", "fraction") and len(mine) != len(theirs):
+            if kind in ("scorer", "fraction", "all") and len(mine) != len(theirs):
                 count_problems.append({"layer": l, "head": h, "kvlab": len(mine), "kvpress": len(theirs)})
             if diff:
                 n_diff += len(diff)
@@ -788,13 +932,19 @@ def run_case(args, ctx, press, seed, index, keep_files=False):
     if args.serial:
         waiter.join()
     tp = time.time()
-    kept, bands, greedy = run_kvpress(ctx, press, params, ratio, c["ids"], c["style"] == "chat", args.max_new_tokens)
+    kept, bands, greedy, info = run_kvpress(ctx, press, params, ratio, c["ids"], c["style"] == "chat",
+                                            args.max_new_tokens)
     kvpress_s = time.time() - tp
     waiter.join()
     out, err, kvlab_s = got["out"], got["err"], got["s"]
     rec = {"press": press.name, "seed": seed, "case": index, "n": n, "ratio": ratio, "style": c["style"],
            "source": c["source"], "params": params, "kvlab_method": method, "kvlab_params": mparams,
            "kvlab_count": list(c["count"]), "budget_per_head": c["budget"]}
+    n_ch = None
+    if info:  # ThinK: heads whose pruned key channels have a tie band at the cut (either side may prune them)
+        n_ch = sum(1 for row in info["channel_tie_band"] for b in row if b)
+        rec["n_channel_tie_heads"] = n_ch
+        rec["n_pruned_channels"] = len(info["pruned_channels"][0][0])
     if proc.returncode != 0:
         rec.update({"agree": False, "error": "kvlab exited %d: %s" % (proc.returncode, err.strip()[-2000:]),
                     "n_diff": None, "jaccard_min": None, "greedy_equal": None})
@@ -806,17 +956,24 @@ def run_case(args, ctx, press, seed, index, keep_files=False):
         # Both cut after their first EOS: kvpress's pipeline checks EOS only from the second token on
         # (KVPressTextGenerationPipeline.generate_answer), so an EOS first token goes on there; kvlab stops.
         mine_ids, greedy = upto_eos(mine_ids, ctx.eos_ids), upto_eos(greedy, ctx.eos_ids)
-        greedy_equal = (mine_ids == greedy) if n_amb == 0 else None
+        greedy_equal = (mine_ids == greedy) if n_amb == 0 and not n_ch else None
+        if n_amb == 0 and n_ch:  # a channel tie may change a token: recorded, not judged
+            rec["greedy_equal_despite_channel_ties"] = mine_ids == greedy
         first_div = None
         if greedy_equal is False:
             first_div = next((i for i, (a, b) in enumerate(zip(mine_ids, greedy)) if a != b), min(len(mine_ids), len(greedy)))
         greedy_on_sets = None
-        if n_amb > 0 and not heads and not count_problems and not args.no_greedy_on_sets:
+        if n_amb > 0 and not heads and not count_problems and not args.no_greedy_on_sets and not n_ch:
             # Ties were broken differently: decode kvpress's way through kvlab's kept sets instead.
             sets = [[[p for p in layers[l]["kv_heads"][h]["positions"] if p < n] for h in range(ctx.n_kv)]
                     for l in range(ctx.n_layers)]
             tg = time.time()
-            theirs = upto_eos(kvpress_greedy_on_sets(ctx, c["ids"], sets, args.max_new_tokens), ctx.eos_ids)
+            if info:  # ThinK prunes channels of the kept keys: kvpress's ComposedPress on kvlab's sets
+                ids_on_sets = kvpress_think_greedy_on_sets(ctx, press, params, ratio, c["ids"], sets,
+                                                           args.max_new_tokens)
+            else:
+                ids_on_sets = kvpress_greedy_on_sets(ctx, c["ids"], sets, args.max_new_tokens)
+            theirs = upto_eos(ids_on_sets, ctx.eos_ids)
             kvpress_s += time.time() - tg
             greedy_on_sets = theirs == mine_ids
             if not greedy_on_sets:
