@@ -1,8 +1,11 @@
 #include "kvlab/compress/method_spec.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <regex>
 
@@ -53,23 +56,36 @@ void check_quantized_methods(const std::vector<MethodSpec>& methods, bool stream
                 "(issue 52); give {} (it then compresses once after the prefill)", m.label(), m.name, fix);
 }
 
-std::vector<MethodSpec> without_channel_pruning(std::vector<MethodSpec> methods, const std::string& spec,
-                                                const std::vector<std::pair<bool, std::string>>& flags) {
+namespace {
+
+// `methods` less those for which `why_not` says why they cannot run here: under `all` (`spec`) left
+// out, named alone the error why_not gives (what without_model_weights, without_question and
+// without_channel_pruning share).
+std::vector<MethodSpec> runnable(std::vector<MethodSpec> methods, const std::string& spec,
+                                 const std::function<std::string(const MethodSpec&)>& why_not) {
   std::vector<MethodSpec> out;
   for (auto& m : methods) {
+    const std::string why = why_not(m);
+    KVLAB_CHECK(why.empty() || spec == "all", "{}", why);
+    if (why.empty()) out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<MethodSpec> without_channel_pruning(std::vector<MethodSpec> methods, const std::string& spec,
+                                                const std::vector<std::pair<bool, std::string>>& flags) {
+  return runnable(std::move(methods), spec, [&](const MethodSpec& m) {
     const nlohmann::json p = m.compressor ? m.compressor->params() : nlohmann::json::object();
     std::string flag = m.quant ? "a quantizer" : "";
     for (const auto& [set, name] : flags)
       if (set && flag.empty()) flag = name;
-    if (p.value("key_channel_compression_ratio", 0.0) <= 0.0 || flag.empty()) {
-      out.push_back(std::move(m));
-      continue;
-    }
-    KVLAB_CHECK(spec == "all", "--method {} with {}: its keys lose channels (ThinK), which kvlab counts only in a "
-                "full-precision cache compressed once after the prefill and sized in entries; not yet (issue 53): "
-                "give --ratio or --budget and the default decode rule", m.label(), flag);
-  }
-  return out;
+    if (p.value("key_channel_compression_ratio", 0.0) <= 0.0 || flag.empty()) return std::string();
+    return fmt::format("--method {} with {}: its keys lose channels (ThinK), which kvlab counts only in a "
+                       "full-precision cache compressed once after the prefill and sized in entries; not yet (issue "
+                       "53): give --ratio or --budget and the default decode rule", m.label(), flag);
+  });
 }
 
 void require_run_keeps(const std::vector<MethodSpec>& methods, const std::string& flags) {
@@ -238,36 +254,28 @@ std::vector<MethodSpec> build_methods(const std::string& spec, const std::vector
 
 std::vector<MethodSpec> without_model_weights(std::vector<MethodSpec> methods, const std::string& spec,
                                               const std::string& command) {
-  std::vector<MethodSpec> out;
-  for (auto& m : methods) {
+  return runnable(std::move(methods), spec, [&](const MethodSpec& m) {
     const CompressorInfo& info = compressor_info(m.name);
-    if (!info.needs_model()) {
-      out.push_back(std::move(m));
-      continue;
-    }
+    if (!info.needs_model()) return std::string();
     // Only where it runs (issue 50: this advice named ppl, which refuses a method that does not stream).
-    KVLAB_CHECK(spec == "all", "--method {}: needs {}, and `kvlab {}` runs without the model (captures hold no "
-                "weights); run it in {}", m.name,
-                info.reads(inputs::out_proj) ? "the layer's output projection W_o" : "a second prefill through the model",
-                command, info.streaming ? "generate, ppl or a task command" : "generate or a task command");
-  }
-  return out;
+    return fmt::format("--method {}: needs {}, and `kvlab {}` runs without the model (captures hold no weights); "
+                       "run it in {}", m.name,
+                       info.reads(inputs::out_proj) ? "the layer's output projection W_o"
+                                                    : "a second prefill through the model",
+                       command, info.streaming ? "generate, ppl or a task command" : "generate or a task command");
+  });
 }
 
 std::vector<MethodSpec> without_question(std::vector<MethodSpec> methods, const std::string& spec,
                                          const std::string& command) {
-  std::vector<MethodSpec> out;
-  for (auto& m : methods) {
+  return runnable(std::move(methods), spec, [&](const MethodSpec& m) {
     const nlohmann::json p = m.compressor ? m.compressor->params() : nlohmann::json::object();
-    if (!compressor_info(m.name).reads(inputs::question_start) || p.value("window", int64_t{0}) > 0) {
-      out.push_back(std::move(m));
-      continue;
-    }
-    KVLAB_CHECK(spec == "all", "--method {}: scores with the question's queries, and {} prefills no question; give "
-                "--param {}.window=N (the prompt's last N tokens), or run a task command under --protocol whole",
-                m.label(), command, m.label());
-  }
-  return out;
+    if (!compressor_info(m.name).reads(inputs::question_start) || p.value("window", int64_t{0}) > 0)
+      return std::string();
+    return fmt::format("--method {}: scores with the question's queries, and {} prefills no question; give "
+                       "--param {}.window=N (the prompt's last N tokens), or run a task command under --protocol whole",
+                       m.label(), command, m.label());
+  });
 }
 
 void check_calibrated_on(const std::vector<MethodSpec>& methods, const std::string& model_key,
