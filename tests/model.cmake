@@ -6,6 +6,7 @@ kvlab_test(test_model
     model/test_dump.cpp
     model/test_tokenizer.cpp
     model/test_few_rows.cpp
+    model/test_stored_matrix.cpp
   LIBS kvlab_model kvlab_eval
   LABELS unit)
 # SmolLM2 vs transformers golden (needs models/smollm2-135m/*.gguf; skips with a message otherwise).

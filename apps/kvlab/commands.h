@@ -15,6 +15,7 @@ void setup_merge(CLI::App& app);     // cmd_merge.cpp: merge replay shards
 void setup_generate(CLI::App& app);  // cmd_generate.cpp: greedy decoding with a model
 void setup_dump(CLI::App& app);      // cmd_dump.cpp: capture q/k/v of a model prefill
 void setup_bench_prefill(CLI::App& app);  // cmd_bench_prefill.cpp: kvlab bench prefill
+void setup_bench_weights(CLI::App& app);  // cmd_bench_weights.cpp: kvlab bench weights
 void setup_run(CLI::App& app);       // cmd_run.cpp: run an experiment file (ordered steps)
 void setup_bench_compress(CLI::App& app);  // cmd_bench_compress.cpp: kvlab bench compress
 void setup_calibrate(CLI::App& app);  // cmd_calibrate.cpp: kvlab calibrate chelsea

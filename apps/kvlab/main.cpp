@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
   kvlab::cli::setup_generate(app);
   kvlab::cli::setup_dump(app);
   kvlab::cli::setup_bench_prefill(app);
+  kvlab::cli::setup_bench_weights(app);
   kvlab::cli::setup_run(app);
   kvlab::cli::setup_calibrate(app);
   kvlab::cli::setup_ppl(app);

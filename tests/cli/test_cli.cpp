@@ -321,7 +321,7 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
   std::istringstream lines(listed.out);
   size_t n_listed = 0, n_no_replay = 0, n_calibrated = 0, n_question = 0;
   // One line a method, then its paper preset's line (indented). --method all leaves out the methods
-  // that need the model (criticalkv and criticaladakv its weights, kvzip a second prefill), and naming one is an error
+  // that need the model (criticalkv and criticaladakv its weights, kvzip and kvcompose a second prefill), and naming one is an error
   // naming --method; and those that need a calibration file none was given for (duo_attention).
   // The quantizers (issue 52) follow the methods, after a blank line and "quantizers: ...".
   size_t n_quantizers = 0;
@@ -337,7 +337,7 @@ TEST_CASE("cli: every method replays a real stories260K capture") {
     n_calibrated += line.find("[needs a calibration file") != std::string::npos;
     n_question += line.find("[in replay only with --param") != std::string::npos;
   }
-  CHECK(n_no_replay == 3);
+  CHECK(n_no_replay == 4);
   CHECK(n_calibrated == 1);
   CHECK(n_question == 1);  // finch: its window is the question, which replay has none of
   CHECK(methods.size() == n_listed - n_no_replay - n_calibrated - n_question);

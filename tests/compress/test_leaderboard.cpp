@@ -802,6 +802,92 @@ TEST_CASE("kvzip keeps the best reconstruction scores of the whole model, or of 
                        doctest::Contains("second prefill"), Error);
 }
 
+// KVCompose (kvpress KVComposePress) by loops, from the second forward's scores a [L, Hkv, n]:
+// s = a + the mean over the layer's heads; a layer's composites are the mean over heads of their
+// sorted scores, the first compressed layer's raised to the max over layers; the best L·b composites
+// over every compressed layer set each layer's count (floor max(1, keep_token_lower_bound)); every head
+// keeps its count of best s. Unstructured: the heads' sorted scores are cut themselves.
+TEST_CASE("kvcompose: one cut over every layer's composite tokens sets each layer's count (naive loop)") {
+  const int64_t n_layers = 5, h_kv = 3, n = 30, b = 8;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  // Layer 3 is a window layer (NaN: not compressed, not in the cut); layer 1's scores are scaled up
+  // and layer 4's down, so that the counts differ.
+  at::Tensor a = at::rand({n_layers, h_kv, n}, gen, at::TensorOptions().dtype(at::kFloat));  // [L, Hkv, n]
+  a[1].mul_(4);
+  a[4].mul_(0.01);
+  a[3].fill_(std::numeric_limits<float>::quiet_NaN());
+  LayerKV kv = random_region(n, 0, h_kv, 1, 8, 3);
+  kv.queries = at::Tensor();
+  kv.query_pos = at::Tensor();
+  kv.n_layers = static_cast<int>(n_layers);
+  const std::vector<int64_t> layers = {0, 1, 2, 4};
+  const int64_t lc = int64_t(layers.size());
+  for (const auto& [structured, lower_bound, add_mean] :
+       std::vector<std::tuple<bool, int64_t, bool>>{{true, 0, true}, {true, 4, true}, {true, 0, false}, {false, 0, true}}) {
+    INFO("structured=" << structured << " keep_token_lower_bound=" << lower_bound << " add_mean=" << add_mean);
+    auto c = make_compressor("kvcompose", {{"structured", structured}, {"keep_token_lower_bound", lower_bound},
+                                           {"add_mean_across_heads", add_mean}});
+    CHECK(c->reconstruction().repeat_context);
+    CHECK(c->reconstruction().any());
+    // s[l][h][i] and each head's scores sorted descending.
+    std::vector<std::vector<std::vector<double>>> sc(n_layers, std::vector<std::vector<double>>(h_kv)), sorted = sc;
+    for (int64_t l : layers)
+      for (int64_t h = 0; h < h_kv; ++h) {
+        for (int64_t i = 0; i < n; ++i) {
+          double mean = 0;
+          for (int64_t h2 = 0; h2 < h_kv; ++h2) mean += a[l][h2][i].item<double>() / double(h_kv);
+          sc[l][h].push_back(a[l][h][i].item<double>() + (add_mean ? mean : 0.0));
+        }
+        sorted[l][h] = sc[l][h];
+        std::sort(sorted[l][h].begin(), sorted[l][h].end(), std::greater<double>());
+        for (int64_t j = 0; j < std::min(lower_bound, n); ++j) sorted[l][h][j] += 1e9;
+      }
+    // The composites, flattened over the compressed layers (and heads, unstructured), and the counts.
+    std::vector<double> flat;
+    if (structured) {
+      std::vector<std::vector<double>> comp(lc, std::vector<double>(n, 0.0));
+      for (int64_t k = 0; k < lc; ++k)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t h = 0; h < h_kv; ++h) comp[k][j] += sorted[layers[k]][h][j] / double(h_kv);
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t k = 1; k < lc; ++k) comp[0][j] = std::max(comp[0][j], comp[k][j]);
+      for (const auto& r : comp) flat.insert(flat.end(), r.begin(), r.end());
+    } else {
+      for (int64_t l : layers)
+        for (int64_t h = 0; h < h_kv; ++h) flat.insert(flat.end(), sorted[l][h].begin(), sorted[l][h].end());
+    }
+    const int64_t rows = structured ? lc : lc * h_kv;  // layers, or (layer, head)s, in the cut
+    std::vector<int64_t> won(flat.size() / size_t(n), 0);
+    for (int64_t f : naive_top(flat, rows * b)) ++won[f / n];
+    CHECK(std::accumulate(won.begin(), won.end(), int64_t(0)) == rows * b);
+    std::set<int64_t> counts;
+    int64_t total = 0;
+    for (int64_t k = 0; k < lc; ++k) {
+      kv.layer = static_cast<int>(layers[k]);
+      kv.context.provide(inputs::reconstruction_scores, a);
+      const CompressedKV out = c->compress(kv, entries(b));
+      for (int64_t h = 0; h < h_kv; ++h) {
+        const int64_t count = structured ? std::max<int64_t>(won[k], std::max<int64_t>(1, lower_bound)) : won[k * h_kv + h];
+        std::vector<int64_t> got;
+        for (int64_t i : row(out.kept_idx, h))
+          if (i >= 0) got.push_back(i);
+        CHECK(got == naive_top(sc[layers[k]][h], count));
+        counts.insert(count);
+        total += count;
+      }
+    }
+    CHECK(counts.size() > 1);  // layers (heads) hold different counts
+    CHECK(total >= lc * h_kv * b);  // the budget, and structured, the floor of one token a layer
+    if (!structured) CHECK(total == lc * h_kv * b);
+    if (!structured) CHECK(*counts.begin() == 0);  // no floor: layer 4's heads win nothing
+    if (lower_bound > 0) CHECK(*counts.begin() == lower_bound);
+  }
+  // No scores (replay): an error that says what is missing.
+  kv.context.drop(inputs::reconstruction_scores);
+  CHECK_THROWS_WITH_AS(make_compressor("kvcompose", nlohmann::json::object())->compress(kv, entries(b)),
+                       doctest::Contains("second forward"), Error);
+}
+
 // DuoAttention's on-the-fly head score (kvpress duo_attention_on_the_fly) by loops: un-rotate
 // every position's query and key with explicit angles, average, rotate the means to positions
 // 0 .. q_len-1, softmax of the last query over the keys, the mean of its running sum; averaged

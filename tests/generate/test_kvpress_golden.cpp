@@ -614,6 +614,102 @@ TEST_CASE("kvpress differential: kvlab generate --prompt-ids keeps KVzipPress's 
   CHECK(differ == 0);  // 14,988 before the fix
 }
 
+// KVCompose (issue 53) against kvpress's KVComposePress: tests/fixtures/kvpress_golden/kvcompose_smollm2.json
+// (data_scripts/make_kvcompose_golden.py; the 316- and 420-token prompts of the kvzip golden, at
+// compression 0.5 and 0.75, unstructured, without the mean over heads, with keep_token_lower_bound 64).
+// kvlab's second-forward scores (the context fed again after itself), with the mean over heads added,
+// equal kvpress's enhanced scores on layers 0, 14 and 29 to rtol 1e-4; each layer's (head's) count
+// equals kvpress's cut over the composite tokens (up to one token between rows whose composites tie at
+// the cut), every head's kept positions equal kvpress's outside the tie band, and greedy decoding
+// through the cache gives kvpress's ids where nothing ties (structured: unstructured, kvpress keeps
+// the second pass in its cache).
+TEST_CASE("kvpress differential: kvcompose's scores, per-layer counts, kept sets and greedy ids (issue 53)") {
+  const json g = read_json_file(test::fixtures_dir() + "/kvpress_golden/kvcompose_smollm2.json");
+  REQUIRE(g["version"].get<int>() == 1);
+  const std::string gguf = golden_gguf(g);
+  if (gguf.empty()) return;
+  c10::InferenceMode guard;
+  Model model = load_model(gguf);
+  const int64_t n_layers = model.config.n_layers, h_kv = model.config.n_kv_heads;
+  std::map<std::string, Prefill> prefills;
+  for (const auto& pr : g["prompts"]) prefills[pr["name"]] = run_prefill(model, pr["ids"].get<std::vector<int64_t>>(), 0);
+  int compared = 0, greedy_compared = 0;
+  double worst_score = 0;
+  for (const auto& config : g["configs"]) {
+    const json& p = config["params"];
+    const bool structured = p["structured"].get<bool>();
+    const json mp = {{"structured", structured},
+                     {"add_mean_across_heads", p["add_mean_across_heads"]},
+                     {"keep_token_lower_bound", p["keep_token_lower_bound"]}};
+    const MethodSpec m = method_spec("kvcompose", mp);
+    for (const auto& r : config["results"]) {
+      INFO(config["name"].get<std::string>() << " on " << r["prompt"].get<std::string>());
+      const Prefill& pre = prefills.at(r["prompt"]);
+      const int64_t n = static_cast<int64_t>(pre.prompt.size());
+      // The scores: kvlab's second forward, enhanced as kvpress's enhance_scores.
+      at::Tensor a = pre.reconstruction_scores(model, m.compressor->reconstruction());  // [L, Hkv, n]
+      if (p["add_mean_across_heads"].get<bool>()) a = a + a.mean(1, true);
+      for (const auto& [layer, heads] : r["scores"].items())
+        for (int64_t h = 0; h < h_kv; ++h) {
+          const auto theirs = heads[h].get<std::vector<double>>();
+          REQUIRE(static_cast<int64_t>(theirs.size()) == n);
+          for (int64_t j = 0; j < n; ++j) {
+            const double mine = a[std::stoi(layer)][h][j].item<double>();
+            worst_score = std::max(worst_score, std::abs(mine - theirs[j]) / (std::abs(theirs[j]) + 1e-6));
+          }
+        }
+      // kvpress's target int(L·n·(1 - ratio)) (per head too, unstructured) as a budget per head.
+      const int64_t rows = structured ? n_layers : n_layers * h_kv, target = r["n_kept_target"].get<int64_t>();
+      REQUIRE(target % rows == 0);
+      BranchSpec spec{m, Budget::of_entries(target / rows)};
+      BranchOptions bo;
+      bo.max_new_tokens = static_cast<int64_t>(r["greedy_ids"].size());
+      bo.keep_kept = true;
+      const BranchResult br = run_branch(model, pre, spec, bo);
+      CHECK(br.reconstruction_seconds > 0);
+      const bool count_tie = r["count_tie"].get<bool>();
+      int64_t kept_mine = 0, kept_theirs = 0;
+      for (int64_t l = 0; l < n_layers; ++l)
+        for (int64_t h = 0; h < h_kv; ++h) {
+          std::set<int64_t> mine, band;
+          for (const auto& q : br.kept["layers"][l]["kv_heads"][h]["positions"])
+            if (q.get<int64_t>() < n) mine.insert(q.get<int64_t>());  // decoded tokens are appended
+          const std::set<int64_t> theirs = kept_positions(r["kept"][l][h].get<std::string>());
+          const int64_t want = r["n_kept"][l][h].get<int64_t>();
+          REQUIRE(int64_t(theirs.size()) == want);
+          INFO("layer " << l << " KV head " << h << " (kept " << mine.size() << " vs " << want << ")");
+          kept_mine += int64_t(mine.size());
+          kept_theirs += want;
+          if (count_tie) CHECK(std::abs(int64_t(mine.size()) - want) <= 1);
+          else CHECK(int64_t(mine.size()) == want);
+          if (int64_t(mine.size()) != want) continue;  // one token moved between rows tied at the cut
+          for (const auto& q : r["tie_band"][l][h]) band.insert(q.get<int64_t>());
+          std::vector<int64_t> differ;
+          for (int64_t q = 0; q < n; ++q)
+            if (!band.count(q) && mine.count(q) != theirs.count(q)) differ.push_back(q);
+          CHECK(differ.empty());
+        }
+      CHECK(kept_mine == kept_theirs);
+      if (structured) {  // each layer's heads hold one count, and layers differ
+        std::set<size_t> per_layer;
+        for (int64_t l = 0; l < n_layers; ++l) per_layer.insert(br.kept["layers"][l]["kv_heads"][0]["positions"].size());
+        CHECK(per_layer.size() > 1);
+      }
+      // Unstructured, kvpress leaves the context's second pass in the cache (its masks cover the
+      // context only): its ids are not those of the compressed cache (make_kvcompose_golden.py).
+      if (r["greedy_comparable"].get<bool>() && !count_tie && r["n_ambiguous_heads"].get<int64_t>() == 0) {
+        CHECK(br.ids == r["greedy_ids"].get<std::vector<int64_t>>());
+        ++greedy_compared;
+      }
+      ++compared;
+    }
+  }
+  CHECK(worst_score < 1e-4);
+  MESSAGE("kvcompose: " << compared << " (config, prompt) results compared (" << greedy_compared
+                        << " with greedy ids); scores within " << worst_score << " (relative) of kvpress's");
+  CHECK(compared == 10);  // 5 configs x 2 prompts
+}
+
 // DuoAttention (issue 22) against kvpress's DuoAttentionPress(on_the_fly_scoring=True):
 // tests/fixtures/kvpress_golden/duo_smollm2.json (data_scripts/make_duo_golden.py; 50 calibration
 // windows of 256 WikiText-2 tokens standing in for BookSum, a 1,000-token prompt, head compression

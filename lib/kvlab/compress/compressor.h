@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvlab/attention/attention.h"
@@ -86,13 +87,20 @@ struct CompressedKV {
   int64_t key_bytes_saved() const;
 };
 
-// What a method needs from a second prefill that reconstructs the context (kvzip): the chunk size
-// of the reconstruction and the sink positions its softmax sees. chunk_size 0 = nothing.
+// What a method needs from a second forward of its context after the prefill. kvzip: the model
+// repeats the context chunk by chunk after a repeat prompt (chunk_size context tokens per forward,
+// the first n_sink positions in its softmax); kvcompose (repeat_context): the context fed again, whole,
+// right after itself. Nothing (the default): no second forward.
 struct ReconstructionRequest {
   int64_t chunk_size = 0;
   int64_t n_sink = 0;
+  // The scores of each entry per KV head: the most attention a query of the second forward gives it,
+  // reduced over the KV group's query heads by max (kvzip: the max over heads and queries together)
+  // or, with repeat_context, by mean (KVCompose: per query head the max over queries, then the mean).
+  bool repeat_context = false;
+  bool any() const { return chunk_size > 0 || repeat_context; }
   bool operator<(const ReconstructionRequest& o) const {
-    return chunk_size != o.chunk_size ? chunk_size < o.chunk_size : n_sink < o.n_sink;
+    return std::tie(repeat_context, chunk_size, n_sink) < std::tie(o.repeat_context, o.chunk_size, o.n_sink);
   }
 };
 
@@ -120,8 +128,9 @@ class Compressor {
   // keep, +inf = always kept (SnapKV's window). Undefined for every other method. adakv.cpp ranks
   // them across heads. `opt` as for compress (compactor's blend and sketch depend on the budget and seed).
   virtual at::Tensor keep_scores(const LayerKV& /*kv*/, const CompressOptions& /*opt*/) const { return at::Tensor(); }
-  // Methods scoring by context reconstruction (kvzip): what LayerKV::reconstruction_scores must
-  // be made with. Generation and the task commands run it once per prompt for every such branch.
+  // Methods scoring by a second forward of the context (kvzip, kvcompose): what the context input
+  // reconstruction_scores must be made with. Generation and the task commands run it once per
+  // prompt for every such branch.
   virtual ReconstructionRequest reconstruction() const { return {}; }
   // Streaming methods (CompressorInfo::streaming): compresses the region as `compress` does and
   // returns the state that keeps compressing the tokens decoded after it (stream.h), holding the

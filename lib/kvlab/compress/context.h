@@ -35,9 +35,10 @@ inline constexpr const char* rope_inv_freq = "rope_inv_freq";
 // [hidden, n_q_heads * head_dim]: the layer's output projection W_o (where the model is loaded;
 // captures hold no weights). criticalkv weighs values by ‖W_o v‖₁.
 inline constexpr const char* out_proj = "out_proj";
-// [n_layers, n_kv_heads, n] float32: every layer's KVzip context-reconstruction scores on the
-// region (a second prefill through the model, generate/reconstruction.h), NaN rows for layers that
-// are not compressed. kvzip ranks them across layers.
+// [n_layers, n_kv_heads, n] float32: every layer's scores from a second forward of the context
+// (generate/reconstruction.h, as the method's ReconstructionRequest asks: KVzip's repeat or
+// KVCompose's) on the region, NaN rows for layers that are not compressed. kvzip and kvcompose rank
+// them across layers.
 inline constexpr const char* reconstruction_scores = "reconstruction_scores";
 // 0-dim int64: the prompt position where the question (and the assistant prefix after it) begins,
 // when the question was prefilled with its context (the task commands under --protocol whole).

@@ -14,7 +14,7 @@
 #define KVLAB_METHODS(X)                                                                          \
   X(exact) X(uniform) X(uniform_halving) X(streaming_llm) X(local) X(h2o) X(snapkv) X(knorm)        \
   X(tova) X(keydiff) X(lagkv) X(cur) X(expected_attention) X(capkv) X(compactor) X(adakv) X(criticalkv)            \
-  X(criticaladakv) X(chunkkv) X(entropy_chunkkv) X(chunk) X(block) X(per_layer) X(merging) X(simlayerkv) X(dms) X(think) X(finch) X(kvzip) X(duo_attention) X(pyramidkv) X(cam) X(buzz) X(buzz_interval)          \
+  X(criticaladakv) X(chunkkv) X(entropy_chunkkv) X(chunk) X(block) X(per_layer) X(merging) X(simlayerkv) X(dms) X(think) X(finch) X(kvzip) X(kvcompose) X(duo_attention) X(pyramidkv) X(cam) X(buzz) X(buzz_interval)          \
   X(buzz_logn) X(chelsea) X(balancekv) X(balancekv_mr) X(subgen) X(clustergen)
 
 namespace kvlab {

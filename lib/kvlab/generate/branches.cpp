@@ -70,11 +70,12 @@ const at::Tensor& Prefill::reconstruction_scores(const Model& model, const Recon
                                                  double* seconds) const {
   auto it = recon_.find(rq);
   if (it == recon_.end()) {
-    KVLAB_CHECK(reconstruction.defined(), "kvzip: no repeat prompt for its context reconstruction: it needs the "
-                "model's tokenizer (a model without one, or a command that does not tokenize, cannot run kvzip)");
+    KVLAB_CHECK(rq.repeat_context || reconstruction.defined(),
+                "kvzip: no repeat prompt for its context reconstruction: it needs the model's tokenizer (a model "
+                "without one, or a command that does not tokenize, cannot run kvzip)");
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor scores =
-        kvlab::reconstruction_scores(model, k, v, windows, prompt, reconstruction, rq.chunk_size, rq.n_sink);
+        kvlab::reconstruction_scores(model, k, v, windows, prompt, reconstruction, rq);
     it = recon_.emplace(rq, std::make_pair(scores, seconds_since(t0))).first;  // [L, Hkv, n]
   }
   if (seconds) *seconds = it->second.second;
@@ -120,7 +121,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
   const int n_layers = static_cast<int>(model.config.n_layers);
   // A method scoring with every prompt query shares the prefill's attention sums (see Prefill).
   const bool all_queries = spec.method.compressor->observation_queries() < 0;
-  // kvzip: the context-reconstruction scores of every layer (one more forward, shared by branches).
+  // kvzip, kvcompose: the scores of every layer from a second forward of the context (shared by branches).
   const ReconstructionRequest rq = spec.method.compressor->reconstruction();
   // --decode-rule compress: every method but the full cache compresses again while decoding.
   const bool decodes = spec.decoding.every > 0 && spec.method.name != "exact";
@@ -141,7 +142,7 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
     context.provide(inputs::out_proj, model.weights.layers[l].wo);
     if (all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1))
       context.provide(inputs::attention_sums, [&prefill, l] { return prefill.attention_sums(l); }, 1);  // [Hq, n]
-    if (rq.chunk_size > 0)
+    if (rq.any())
       context.provide(
           inputs::reconstruction_scores,
           [&model, &prefill, rq, reconstruction_seconds, &reconstruction_ms] {

@@ -71,20 +71,21 @@ namespace {
 
 // The attention of one reconstruction forward: exact attention over the prefill's cache and the
 // new tokens (the prefill's tensors are read, never extended), and, on every compressed layer,
-// KVzip's scores of the chunk being rebuilt, taken from the same attention weights.
+// the scores of the chunk being rebuilt (KVzip's, or KVCompose's with group_mean), taken from the
+// same attention weights.
 class ReconstructionAttention final : public AttentionBackend {
  public:
   // scores: per layer [Hkv, n], filled chunk by chunk; undefined = a layer not scored.
   ReconstructionAttention(const std::vector<at::Tensor>& k, const std::vector<at::Tensor>& v,
-                          std::vector<at::Tensor>& scores, int64_t n_sink)
-      : k_(k), v_(v), scores_(scores), n_sink_(n_sink) {}
+                          std::vector<at::Tensor>& scores, int64_t n_sink, bool group_mean)
+      : k_(k), v_(v), scores_(scores), n_sink_(n_sink), group_mean_(group_mean) {}
   void set_chunk(int64_t begin, int64_t end) { begin_ = begin, end_ = end; }
 
   at::Tensor attend(int layer, const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new, int64_t pos0,
                     int64_t window) override {
     const at::Tensor keys = at::cat({k_[layer], k_new}, 1), values = at::cat({v_[layer], v_new}, 1);  // [Hkv, n+t, d]
     if (!scores_[layer].defined()) return causal_gqa_attention(q, keys, values, pos0, 128, window);  // [Hq, t, d]
-    KVLAB_CHECK(window == 0, "kvzip: layer {} has a sliding window and cannot be scored", layer);
+    KVLAB_CHECK(window == 0, "{}: layer {} has a sliding window and cannot be scored", group_mean_ ? "kvcompose" : "kvzip", layer);
     return attend_and_score(layer, q, keys, values);
   }
   void reset() override {}
@@ -95,7 +96,8 @@ class ReconstructionAttention final : public AttentionBackend {
   // key (the n cached, the t new ones causally) give the output p·V; KVzip's softmax is over a
   // subset S (the first min(n_sink, begin) positions, the chunk [begin, end), the t new tokens),
   // and for a key j in S it equals p_j / sum_{i in S} p_i, so the chunk's scores come from the same
-  // weights: per cached key, the max over the KV group's query heads and every query.
+  // weights: per cached key and query head the max over every query, then the max over the KV
+  // group's query heads (KVzip) or their mean (KVCompose, group_mean_).
   at::Tensor attend_and_score(int layer, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values) {
     const int64_t hq = q.size(0), t = q.size(1), d = q.size(2), hkv = keys.size(0), g = hq / hkv;
     const int64_t all = keys.size(1), n = all - t, sink = std::min(n_sink_, begin_), c = end_ - begin_;
@@ -104,7 +106,7 @@ class ReconstructionAttention final : public AttentionBackend {
     const at::Tensor q4 = q.reshape({hkv, g, t, d});
     const double scale = 1.0 / std::sqrt(double(d));
     at::Tensor out = at::empty({hkv, g, t, d}, q.options());  // [Hkv, g, t, d]
-    at::Tensor best = at::zeros({hkv, c}, q.options());        // [Hkv, c]
+    at::Tensor best = at::zeros({hkv, g, c}, q.options());     // [Hkv, g, c]
     // Queries per block: about 4M logits (16 MB in fp32) at a time.
     const int64_t block = std::clamp<int64_t>((int64_t(1) << 22) / std::max<int64_t>(1, hq * all), 16, 256);
     const auto lopt = q.options().dtype(at::kLong);
@@ -123,9 +125,9 @@ class ReconstructionAttention final : public AttentionBackend {
                                 p.narrow(3, n, t).sum(-1, true);                              // [Hkv, g, tb, 1]
         chunk = chunk / mass;
       }
-      best = at::maximum(best, std::get<0>(chunk.reshape({hkv, g * tb, c}).max(1)));  // [Hkv, c]
+      best = at::maximum(best, std::get<0>(chunk.max(2)));  // [Hkv, g, c]
     }
-    scores_[layer].narrow(1, begin_, c).copy_(best);
+    scores_[layer].narrow(1, begin_, c).copy_(group_mean_ ? best.mean(1) : std::get<0>(best.max(1)));  // [Hkv, c]
     return out.view({hq, t, d});
   }
 
@@ -133,32 +135,37 @@ class ReconstructionAttention final : public AttentionBackend {
   const std::vector<at::Tensor>& v_;
   std::vector<at::Tensor>& scores_;
   int64_t n_sink_ = 0, begin_ = 0, end_ = 0;
+  bool group_mean_ = false;
 };
 
 }  // namespace
 
 at::Tensor reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
-                                              const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
-                                              const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
-                                              int64_t chunk_size, int64_t n_sink) {
+                                 const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
+                                 const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
+                                 const ReconstructionRequest& rq) {
   c10::InferenceMode guard;
   const int64_t n_layers = model.config.n_layers, n = int64_t(prompt.size());
+  const char* who = rq.repeat_context ? "kvcompose" : "kvzip";
   KVLAB_CHECK(int64_t(k.size()) == n_layers && int64_t(v.size()) == n_layers,
-              "kvzip: the prefill holds {} layers, the model {}", k.size(), n_layers);
-  KVLAB_CHECK(n_sink >= 0, "kvzip: parameter 'n_sink' must be >= 0, got {}", n_sink);
+              "{}: the prefill holds {} layers, the model {}", who, k.size(), n_layers);
+  KVLAB_CHECK(rq.n_sink >= 0, "kvzip: parameter 'n_sink' must be >= 0, got {}", rq.n_sink);
   at::Tensor all = at::zeros({n_layers, k[0].size(0), n}, k[0].options().dtype(at::kFloat));  // [L, Hkv, n]
   std::vector<at::Tensor> scores(static_cast<size_t>(n_layers));  // views of the scored layers' rows
   for (int64_t l = 0; l < n_layers; ++l) {
-    KVLAB_CHECK(k[l].size(1) == n, "kvzip: layer {} caches {} positions, the prompt has {}", l, k[l].size(1), n);
+    KVLAB_CHECK(k[l].size(1) == n, "{}: layer {} caches {} positions, the prompt has {}", who, l, k[l].size(1), n);
     if (l < int64_t(windows.size()) && windows[l] > 0)
       all[l].fill_(std::numeric_limits<float>::quiet_NaN());
     else
       scores[l] = all[l];  // [Hkv, n]
   }
-  ReconstructionAttention attn(k, v, scores, n_sink);
+  ReconstructionAttention attn(k, v, scores, rq.repeat_context ? 0 : rq.n_sink, rq.repeat_context);
   ForwardOptions fo;
   fo.logits = false;  // only the attention of every layer is wanted
-  for (const auto& c : reconstruction_chunks(prompt, rp, chunk_size)) {
+  // KVCompose: one forward of the whole context, scoring all of it, its softmax over everything.
+  const std::vector<ReconstructionChunk> chunks =
+      rq.repeat_context ? std::vector<ReconstructionChunk>{{0, n, prompt}} : reconstruction_chunks(prompt, rp, rq.chunk_size);
+  for (const auto& c : chunks) {
     attn.set_chunk(c.begin, c.end);
     forward(model, at::tensor(c.ids, at::kLong), n, attn, fo);
   }

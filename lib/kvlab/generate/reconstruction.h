@@ -12,6 +12,11 @@
 // An entry the model needs to rebuild its context scores high, whatever the question will be.
 // The scores are query-agnostic and cost a second prefill (reported as reconstruction_seconds).
 // The cache itself is never modified: compress/kvzip.cpp ranks these scores.
+//
+// KVCompose's variant (Akulov et al. 2025, arXiv:2509.05165, as kvpress 0.5.5 `KVComposePress` runs
+// it; ReconstructionRequest::repeat_context): the context fed again, whole and without a prompt, at
+// the positions after itself; the softmax is over every cached entry and the repeat so far, and
+//   score[l][h][i] = mean over query heads of group h of (max over the repeat's queries of softmax(...)[i])
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kvlab/compress/compressor.h"
 #include "kvlab/model/model.h"
 
 namespace kvlab {
@@ -57,9 +63,10 @@ std::vector<ReconstructionChunk> reconstruction_chunks(const std::vector<int64_t
 // [n_layers, n_kv_heads, n] float32 scores of the n prompt positions (0 where nothing is
 // reconstructed: the template prefix); NaN rows for a layer with windows[l] > 0 (a sliding layer
 // held exactly, never compressed). k, v: the exact prefill's per-layer [Hkv, n, d] (not modified).
+// rq.repeat_context: KVCompose's scores (rp unused); else KVzip's (chunks of rq.chunk_size, rq.n_sink).
 at::Tensor reconstruction_scores(const Model& model, const std::vector<at::Tensor>& k,
-                                              const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
-                                              const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
-                                              int64_t chunk_size, int64_t n_sink);
+                                 const std::vector<at::Tensor>& v, const std::vector<int64_t>& windows,
+                                 const std::vector<int64_t>& prompt, const ReconstructionPrompt& rp,
+                                 const ReconstructionRequest& rq);
 
 }  // namespace kvlab

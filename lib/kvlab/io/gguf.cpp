@@ -208,6 +208,17 @@ std::string ggml_type_name(GgmlType t) {
   return tt ? tt->name : fmt::format("type#{}", static_cast<uint32_t>(t));
 }
 
+namespace gguf_detail {
+int64_t block_elems(GgmlType t) {
+  const TypeTraits* tt = find_type(static_cast<uint32_t>(t));
+  return tt ? tt->block_size : 0;
+}
+int64_t block_bytes(GgmlType t) {
+  const TypeTraits* tt = find_type(static_cast<uint32_t>(t));
+  return tt ? static_cast<int64_t>(tt->type_size) : 0;
+}
+}  // namespace gguf_detail
+
 bool ggml_type_dequantizable(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || gguf_detail::block_dequantizer(t) != nullptr;
 }
