@@ -58,6 +58,10 @@ about half the time:
   chunkkv_knorm/_snapkv  ChunkKVPress(Knorm/SnapKV, chunk_length)  chunkkv scorer=... chunk_length fill=false
   chunk_knorm            ChunkPress(Knorm, chunk_length)     chunk scorer=knorm chunk_length fill=false
   kvzip                  KVzipPress(chunk_size, layerwise, n_sink)   kvzip chunk_size layerwise n_sink
+  kvcompose              KVComposePress(structured, add_mean_across_heads, keep_token_lower_bound)
+                                                             kvcompose (the same three); unstructured, kvpress
+                                                             keeps the second pass in its cache: its greedy
+                                                             ids are not compared (make_kvcompose_golden.py)
   think_snapkv           ComposedPress([SnapKVPress(window, kernel), ThinKPress(lam, tw)])
                                                              think scorer=snapkv window kernel pooling=avg
                                                              key_channel_compression_ratio=lam window_size=tw
@@ -145,6 +149,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "data_scripts"))
 import make_kvpress_golden as base  # noqa: E402  (offline environment, torch, the Recorder, tie bands)
 import make_kvzip_golden as kz  # noqa: E402  (KVzip's recorder and tokenizer stand-in)
+import make_kvcompose_golden as kc  # noqa: E402  (KVCompose's recorder and count-tie test)
 
 import torch  # noqa: E402
 
@@ -314,6 +319,12 @@ def make_presses():
                                 "n_sink": vary(rng, 4, [1, 8], 0.75)},
                    lambda kp, r, p: kp.KVzipPress(compression_ratio=r, **p),
                    lambda p, r: ("kvzip", dict(p))))
+    P.append(Press("kvcompose", "kvcompose",
+                   lambda rng: {"structured": vary(rng, True, [False], 0.75),
+                                "add_mean_across_heads": vary(rng, True, [False], 0.75),
+                                "keep_token_lower_bound": vary(rng, 0, [8, 64], 0.75)},
+                   lambda kp, r, p: kp.KVComposePress(compression_ratio=r, **p),
+                   lambda p, r: ("kvcompose", dict(p))))
     # ThinK (key channels) alone, and after SnapKV as kvpress's ComposedPress: the kept sets are SnapKV's
     # (ThinK alone keeps every position), the pruned channels show in the greedy ids.
     def draw_think(rng):
@@ -366,6 +377,16 @@ def kvzip_kept_total(n, ratio, layerwise, n_layers, n_kv):
     return kept, None
 
 
+def kvcompose_rows(params, n_layers, n_kv):
+    """The rows KVComposePress's cut is over: layers (structured) or (layer, KV head)s."""
+    return n_layers if params["structured"] else n_layers * n_kv
+
+
+def kvcompose_kept_total(n, ratio, params, n_layers, n_kv):
+    """compute_n_kept(rows * n, ratio): the composites KVComposePress's cut keeps."""
+    return n_kept_per_head(kvcompose_rows(params, n_layers, n_kv) * n, ratio)
+
+
 def kvlab_first_stage(count, n, first_stage_ratio):
     """kvlab criticalkv's stage-1 count (lib/kvlab/compress/criticalkv.cpp keep_scores)."""
     mode, v = count
@@ -381,6 +402,10 @@ def length_ok(press, params, n, ratio, n_layers, n_kv, any_length=False):
         # for --budget b: a length where they differ cannot be named (criticalkv.cpp's documented deviation).
         fsr = params["first_stage_ratio"]
         return criticalkv_first_stage(n, ratio, fsr) == kvlab_first_stage(("budget", n_kept_per_head(n, ratio)), n, fsr)
+    if press.kind == "kvcompose":  # a whole number of composites per row: kvlab's budget per head
+        rows = kvcompose_rows(params, n_layers, n_kv)
+        total = kvcompose_kept_total(n, ratio, params, n_layers, n_kv)
+        return total % rows == 0 and total // rows >= 1
     if press.kind != "kvzip":
         return True
     total, per_layer = kvzip_kept_total(n, ratio, params["layerwise"], n_layers, n_kv)
@@ -570,6 +595,21 @@ def run_kvpress(ctx, press_spec, params, ratio, ids, chat, max_new):
         bands = [[[] for _ in range(H)] for _ in range(L)]
         return kept, bands, greedy, think_info(trec, L)
     whole, press = press, seq[0]  # the press run (ComposedPress), and the sequence press recorded below
+    if press_spec.kind == "kvcompose":
+        # Stale masks of an earlier unstructured run would apply to this one (make_kvcompose_golden.py).
+        for layer in model.model.layers:
+            layer.self_attn.masked_key_indices = None
+        rec = kc.record_kvcompose(press)
+        with torch.no_grad():
+            greedy, _ = base.greedy_pipeline_style(model, press, ids_t, ctx.eos_ids)
+        kept = [[rec["kept"][l, h].nonzero().flatten().tolist() for h in range(H)] for l in range(L)]
+        counts = [[len(kept[l][h]) for h in range(H)] for l in range(L)]
+        bands = [[base.kth_band(rec["scores"][l, h].double(), rec["kept"][l, h], counts[l][h]) for h in range(H)]
+                 for l in range(L)]
+        composite = rec["composite_per_layer"] if params["structured"] else rec["composite_per_head"]
+        total = kvcompose_kept_total(len(ids), ratio, params, L, H)
+        info = {"count_tie": kc.count_tie(composite, total), "greedy_comparable": params["structured"]}
+        return kept, bands, greedy, info
     if press_spec.kind == "kvzip":
         kz._Tokenizers.template = ctx.template if chat else None
         rec = kz.record_kvzip(press, L, H)
@@ -843,6 +883,8 @@ def draw_case(args, ctx, press, seed, index):
     if press.kind == "kvzip":
         total, _ = kvzip_kept_total(n, ratio, params["layerwise"], ctx.n_layers, ctx.n_kv)
         b = total // (ctx.n_layers * ctx.n_kv)
+    elif press.kind == "kvcompose":
+        b = kvcompose_kept_total(n, ratio, params, ctx.n_layers, ctx.n_kv) // kvcompose_rows(params, ctx.n_layers, ctx.n_kv)
     elif press.kind == "all":
         b = n
     else:
@@ -879,7 +921,7 @@ def compare(n, mine_layers, kept, bands, kind, n_kv):
             jmin = min(jmin, jac)
             layer_mine += len(mine)
             layer_theirs += len(theirs)
-            if kind in ("scorer", "fraction", "all") and len(mine) != len(theirs):
+            if kind in ("scorer", "fraction", "all", "kvcompose") and len(mine) != len(theirs):
                 count_problems.append({"layer": l, "head": h, "kvlab": len(mine), "kvpress": len(theirs)})
             if diff:
                 n_diff += len(diff)
@@ -941,7 +983,7 @@ def run_case(args, ctx, press, seed, index, keep_files=False):
            "source": c["source"], "params": params, "kvlab_method": method, "kvlab_params": mparams,
            "kvlab_count": list(c["count"]), "budget_per_head": c["budget"]}
     n_ch = None
-    if info:  # ThinK: heads whose pruned key channels have a tie band at the cut (either side may prune them)
+    if "channel_tie_band" in info:  # ThinK: heads whose pruned key channels have a tie band at the cut (either side may prune them)
         n_ch = sum(1 for row in info["channel_tie_band"] for b in row if b)
         rec["n_channel_tie_heads"] = n_ch
         rec["n_pruned_channels"] = len(info["pruned_channels"][0][0])
@@ -952,11 +994,16 @@ def run_case(args, ctx, press, seed, index, keep_files=False):
         mine_ids = json.loads(out)["branches"][0]["generated_ids"]
         layers = json.load(open(kept_file))["branches"][0]["layers"]
         heads, n_diff, jmin, count_problems = compare(n, layers, kept, bands, press.kind, ctx.n_kv)
+        if info.get("count_tie"):  # KVCompose's cut fell on a tie between rows: a count may move by one
+            rec["count_tie"] = True
+            count_problems = [c for c in count_problems if abs(c["kvlab"] - c["kvpress"]) > 1]
+            heads = [h for h in heads if h["kvlab_count"] == h["kvpress_count"]]
         n_amb = sum(1 for row in bands for b in row if b)
         # Both cut after their first EOS: kvpress's pipeline checks EOS only from the second token on
         # (KVPressTextGenerationPipeline.generate_answer), so an EOS first token goes on there; kvlab stops.
         mine_ids, greedy = upto_eos(mine_ids, ctx.eos_ids), upto_eos(greedy, ctx.eos_ids)
-        greedy_equal = (mine_ids == greedy) if n_amb == 0 and not n_ch else None
+        comparable = info.get("greedy_comparable", True) and not info.get("count_tie")  # KVCompose (run_kvpress)
+        greedy_equal = (mine_ids == greedy) if n_amb == 0 and not n_ch and comparable else None
         if n_amb == 0 and n_ch:  # a channel tie may change a token: recorded, not judged
             rec["greedy_equal_despite_channel_ties"] = mine_ids == greedy
         first_div = None
@@ -968,7 +1015,7 @@ def run_case(args, ctx, press, seed, index, keep_files=False):
             sets = [[[p for p in layers[l]["kv_heads"][h]["positions"] if p < n] for h in range(ctx.n_kv)]
                     for l in range(ctx.n_layers)]
             tg = time.time()
-            if info:  # ThinK prunes channels of the kept keys: kvpress's ComposedPress on kvlab's sets
+            if "channel_tie_band" in info:  # ThinK prunes channels of the kept keys: kvpress's ComposedPress on kvlab's sets
                 ids_on_sets = kvpress_think_greedy_on_sets(ctx, press, params, ratio, c["ids"], sets,
                                                            args.max_new_tokens)
             else:

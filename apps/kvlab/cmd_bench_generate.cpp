@@ -54,6 +54,7 @@ struct GenerateBenchOptions : RunFolderOptions {
   std::vector<std::string> param;
   nlohmann::json params = nlohmann::json::object();
   std::string dtype = "fp32";
+  std::string weights = "fp32";
   std::string device = "cpu";
   void fields(FieldList& f) {
     f.add("model", model, "HF directory, .gguf file, or a name (smollm2-135m, stories260k)");
@@ -70,6 +71,7 @@ struct GenerateBenchOptions : RunFolderOptions {
     f.add("param", param, "method parameters key=value, or method.key=value to scope one method");
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+    f.add("weights", weights, "a GGUF's matrices: stored = used as the file stores them (CPU, fp32; issue 51), fp32 = dequantized at load").one_of({"fp32", "stored"});
     f.add("device", device, "cpu | cuda | cuda:N");
     run_folder_fields(f);
   }
@@ -151,6 +153,7 @@ void run_generate_bench(const GenerateBenchOptions& o, const nlohmann::json& eff
   KVLAB_CHECK(std::filesystem::is_regular_file(o.text), "--text {}: not a readable file", o.text);
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.stored_weights = parse_weights_flag(o.weights, "--weights");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
   Model model = load_model(src, lo);

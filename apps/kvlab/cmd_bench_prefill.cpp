@@ -30,6 +30,7 @@ struct PrefillBenchOptions {
   int reps = 3;
   int64_t decode = 0;
   std::string dtype = "fp32";
+  std::string weights = "fp32";
   std::string device = "cpu";
   bool json = false;
   void fields(FieldList& f) {
@@ -38,6 +39,7 @@ struct PrefillBenchOptions {
     f.add("reps", reps, "timed repetitions after one warm-up (median reported)");
     f.add("decode", decode, "after the last prefill, time this many greedy decode steps (median TPOT)");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+    f.add("weights", weights, "a GGUF's matrices: stored = used as the file stores them (CPU, fp32; issue 51), fp32 = dequantized at load").one_of({"fp32", "stored"});
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("json", json, "print JSON instead of text");
   }
@@ -49,6 +51,7 @@ void run_prefill_bench(const PrefillBenchOptions& o, const nlohmann::json& /*eff
   KVLAB_CHECK(o.decode >= 0, "--decode must be >= 0, got {}", o.decode);
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.stored_weights = parse_weights_flag(o.weights, "--weights");
   lo.device = parse_device(o.device, "--device");
   Model model = load_model(o.model, lo);
   const int64_t vocab = model.config.vocab_size;

@@ -6,8 +6,8 @@
 //     (the path kvlab takes today: at::mv for one row, few_rows_linear for 2..32, at::mm beyond);
 //   - per distinct (ggml type, shape), the same product repeated on one matrix (cache-hot: the
 //     kernels' arithmetic, not the memory).
-// A ratio below 1 means the stored form is faster. Embeddings are looked up, not multiplied, but
-// a tied lm_head multiplies the embedding matrix: every matrix is in the pass.
+// A ratio below 1 means the stored form is faster. The embedding is in the pass only when tied (the
+// lm_head multiplies it); an untied one is looked up, not multiplied.
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <c10/core/InferenceMode.h>
@@ -87,8 +87,11 @@ void run_weights_bench(const WeightsBenchOptions& o, const nlohmann::json& /*eff
   std::vector<StoredMatrix> stored;
   std::vector<at::Tensor> fp32;
   int64_t stored_bytes = 0, fp32_bytes = 0;
+  // The embedding is multiplied only as a tied lm_head (with an output.weight, it is looked up).
+  const bool untied = file.has_tensor("output.weight");
   for (const auto& info : file.tensors())
-    if (info.shape.size() == 2 && stored_applies(info.type, info.shape[1])) {
+    if (info.shape.size() == 2 && stored_applies(info.type, info.shape[1]) &&
+        !(untied && info.name == "token_embd.weight")) {
       stored.push_back(stored_matrix(info));
       fp32.push_back(stored.back().dequantize());  // [rows, cols] float32
       stored_bytes += stored.back().nbytes();

@@ -42,6 +42,7 @@ struct GenerateCmdOptions {
   bool ignore_eos = false;
   std::string logits_out;
   std::string dtype = "fp32";
+  std::string weights = "fp32";
   std::string device = "cpu";
   bool json = false;
   std::string method;
@@ -73,6 +74,7 @@ struct GenerateCmdOptions {
     f.add("ignore_eos", ignore_eos, "keep generating after an end-of-sequence token");
     f.add("logits_out", logits_out, "write each step's full logits to this JSON file");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
+    f.add("weights", weights, "a GGUF's matrices: stored = used as the file stores them (CPU, fp32; issue 51), fp32 = dequantized at load").one_of({"fp32", "stored"});
     f.add("device", device, "cpu | cuda | cuda:N");
     f.add("json", json, "print one JSON object instead of text");
     f.add("method", method, "compressed-cache branches: comma-separated methods (see 'kvlab replay --list-methods'); "
@@ -282,6 +284,7 @@ void run_generate(const GenerateCmdOptions& o, const nlohmann::json& /*effective
   }
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.stored_weights = parse_weights_flag(o.weights, "--weights");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
   auto t0 = std::chrono::steady_clock::now();

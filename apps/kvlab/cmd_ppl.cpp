@@ -48,6 +48,7 @@ struct PplOptionsCmd : RunFolderOptions {
   nlohmann::json params = nlohmann::json::object();
   int64_t seed = 42;
   std::string dtype = "fp32";
+  std::string weights = "fp32";
   std::string device = "cpu";
   bool quiet = false;
   bool no_batch = false;
@@ -70,6 +71,7 @@ struct PplOptionsCmd : RunFolderOptions {
     f.add("params", params, "config only: {\"method\": {\"key\": value}}");
     f.add("seed", seed, "seed of random methods");
     f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16 | fp64");
+    f.add("weights", weights, "a GGUF's matrices: stored = used as the file stores them (CPU, fp32; issue 51), fp32 = dequantized at load").one_of({"fp32", "stored"});
     f.add("device", device, "cpu | cuda | cuda:N");
     run_folder_fields(f, /*resumes=*/true);
     f.add("quiet", quiet, "no progress output");
@@ -102,6 +104,7 @@ void run_ppl_cmd(const PplOptionsCmd& o, const nlohmann::json& effective) {
   const std::string text = read_text_file(o.text, "--text");
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.stored_weights = parse_weights_flag(o.weights, "--weights");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
   Model model = load_model(src, lo);

@@ -49,6 +49,7 @@ void TaskCommonOptions::fields(FieldList& f) {
   f.add("keep_last", keep_last, "prompt positions kept exact after it, inside the budget (likewise)");
   f.add("seed", seed, "seed of random methods");
   f.add("dtype", dtype, "compute dtype: fp32 | bf16 | fp16");
+  f.add("weights", weights, "a GGUF's matrices: stored = used as the file stores them (CPU, fp32; issue 51), fp32 = dequantized at load").one_of({"fp32", "stored"});
   f.add("device", device, "cpu | cuda | cuda:N");
   f.add("shard", shard, "i/N: only records i, i+N, i+2N, ... of each dataset (kvlab merge joins the shards)");
   run_folder_fields(f, /*resumes=*/true);
@@ -111,6 +112,7 @@ TaskPlan plan_task(const TaskCommonOptions& o, bool need_files) {
 std::unique_ptr<TaskModel> load_task_model(const TaskCommonOptions& o) {
   ModelLoadOptions lo;
   lo.dtype = parse_compute_dtype(o.dtype, "--dtype");
+  lo.stored_weights = parse_weights_flag(o.weights, "--weights");
   lo.device = parse_device(o.device, "--device");
   ModelSource src = resolve_model(o.model, "--model");
   Model model = load_model(src, lo);

@@ -42,6 +42,7 @@ struct TaskCommonOptions : RunFolderOptions {
   int64_t keep_last = 0;
   int64_t seed = 42;
   std::string dtype = "fp32";
+  std::string weights = "fp32";  // --weights stored | fp32 (issue 51)
   std::string device = "cpu";
   std::string shard = "0/1";
   bool quiet = false;

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,8 @@
 #include "kvlab/core/check.h"
 #include "kvlab/io/gguf.h"
 #include "kvlab/io/gguf_dequant.h"
+#include "kvlab/attention/exact_cache.h"
+#include "kvlab/model/model.h"
 #include "kvlab/model/stored_matrix.h"
 #include "test_util.h"
 
@@ -165,3 +168,76 @@ TEST_CASE("stored_linear on real GGUF matrices equals their dequantized product"
   MESSAGE(seen << " (file, type) matrices compared");
 }
 
+// --weights stored against --weights fp32 on the same GGUF: the projections, embedding and lm_head
+// held as the file's blocks (in less memory), the same parameter count, the prefill (decoded per
+// call, a GEMM) and the decode steps (stored_linear, one row and a batch of three) within float
+// rounding of the fp32 model, and the same greedy tokens.
+TEST_CASE("a model loaded with its weights as stored decodes as the fp32 model does") {
+  const char* env = std::getenv("KVLAB_MODELS");
+  const fs::path models = env && *env ? env : std::string(KVLAB_SOURCE_DIR) + "/models";
+  int seen = 0;
+  for (const std::string name : {"smollm2-135m", "qwen2.5-coder-0.5b"}) {
+    if (!fs::is_directory(models / name)) {
+      MESSAGE("skipped: " << (models / name).string() << " not found");
+      continue;
+    }
+    CAPTURE(name);
+    c10::InferenceMode guard;
+    ModelLoadOptions so;
+    so.stored_weights = true;
+    const Model fp = load_model(name), st = load_model(name, so);  // names resolve under KVLAB_MODELS
+    CHECK(n_parameters(st) == n_parameters(fp));
+    // Held as stored: every projection of every layer, and the embedding.
+    int64_t stored_bytes = st.weights.tok_embd_s.nbytes();
+    CHECK(st.weights.tok_embd_s.defined());
+    CHECK_FALSE(st.weights.tok_embd.defined());
+    for (const auto& l : st.weights.layers) {
+      for (const StoredMatrix* s : {&l.wq_s, &l.wk_s, &l.wv_s, &l.wo_s, &l.w_gate_s, &l.w_up_s, &l.w_down_s})
+        CHECK(s->defined());
+      for (const at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) CHECK_FALSE(t->defined());
+      stored_bytes += l.wo_s.nbytes() + l.w_down_s.nbytes() +
+                      (l.wqkv_s.defined() ? l.wqkv_s.nbytes() : l.wq_s.nbytes() + l.wk_s.nbytes() + l.wv_s.nbytes()) +
+                      (l.w_gate_up_s.defined() ? l.w_gate_up_s.nbytes() : l.w_gate_s.nbytes() + l.w_up_s.nbytes());
+    }
+    if (!st.weights.lm_head_s.data.is_same(st.weights.tok_embd_s.data)) stored_bytes += st.weights.lm_head_s.nbytes();
+    const int64_t file_bytes = static_cast<int64_t>(fs::file_size(st.source.path));
+    MESSAGE(name << ": matrices held in " << stored_bytes / 1e6 << " MB (file " << file_bytes / 1e6 << " MB)");
+    CHECK(stored_bytes < file_bytes);
+    // A 100-token prompt (the prefill's GEMM path), then 12 greedy steps (stored_linear, one row).
+    std::vector<int64_t> prompt;
+    for (int64_t i = 0; i < 100; ++i) prompt.push_back(100 + (i * 7919) % 20000);
+    std::vector<at::Tensor> lf, ls;
+    GenerateOptions go;
+    go.max_new_tokens = 12;
+    go.stop_at_eos = false;
+    go.on_logits = [&](int64_t, const at::Tensor& l) { lf.push_back(l.clone()); };
+    ExactAttention a1(fp.config.n_layers), a2(st.config.n_layers);
+    const auto ids_fp = generate_greedy(fp, prompt, a1, go);
+    go.on_logits = [&](int64_t, const at::Tensor& l) { ls.push_back(l.clone()); };
+    const auto ids_st = generate_greedy(st, prompt, a2, go);
+    CHECK(ids_st == ids_fp);
+    REQUIRE(lf.size() == ls.size());
+    double worst = 0;
+    for (size_t i = 0; i < lf.size(); ++i) worst = std::max(worst, rel_diff(ls[i], lf[i]));
+    MESSAGE(name << ": logits within " << worst << " (relative to the largest) of the fp32 model's");
+    CHECK(worst < 1e-4);
+    // Three sequences decoded together (stored_linear with three rows).
+    const at::Tensor three = at::tensor(std::vector<int64_t>{5, 77, 901}, at::kLong).view({3, 1});  // [B, T]
+    std::vector<ExactAttention> e1, e2;
+    for (int b = 0; b < 3; ++b) e1.emplace_back(fp.config.n_layers), e2.emplace_back(st.config.n_layers);
+    std::vector<AttentionBackend*> p1, p2;
+    for (int b = 0; b < 3; ++b) p1.push_back(&e1[b]), p2.push_back(&e2[b]);
+    CHECK(rel_diff(forward_batch(st, three, 0, p2), forward_batch(fp, three, 0, p1)) < 1e-4);
+    ++seen;
+  }
+  // What the stored kernels cannot do is refused before anything loads.
+  ModelLoadOptions bad;
+  bad.stored_weights = true;
+  bad.dtype = at::kBFloat16;
+  const std::string stories = test::shared_dir() + "/models/stories260K";
+  CHECK_THROWS_WITH_AS(load_model(stories, bad), doctest::Contains("--weights stored runs on the CPU in fp32"), Error);
+  bad.dtype = at::kFloat;  // a Hugging Face directory has no blocks to keep
+  CHECK_THROWS_WITH_AS(load_model(stories, bad), doctest::Contains("needs a .gguf"), Error);
+  CHECK_THROWS_WITH_AS(parse_weights_flag("int4"), doctest::Contains("--weights 'int4': expected stored or fp32"), Error);
+  MESSAGE(seen << " models compared");
+}

@@ -176,8 +176,8 @@ bool same_run_config(nlohmann::json a, nlohmann::json b) {
     for (const char* k : {"overwrite", "quiet", "out", "no_batch"}) j->erase(k);
   // A key a later kvlab added to a command's config is absent from one written before it: the two
   // are the same config when the key holds the value that computes what runs before it computed.
-  static const std::pair<const char*, nlohmann::json> kAddedLater[] = {{"ratio_of", "prompt"},
-                                                                             {"layer_error", false}};
+  static const std::pair<const char*, nlohmann::json> kAddedLater[] = {
+      {"ratio_of", "prompt"}, {"layer_error", false}, {"weights", "fp32"}};
   for (const auto& [k, before] : kAddedLater) {
     if (!a.contains(k) && b.contains(k) && b[k] == before) b.erase(k);
     if (!b.contains(k) && a.contains(k) && a[k] == before) a.erase(k);

@@ -20,7 +20,8 @@ namespace kvlab {
 
 Context decoding_inputs(const Model& model, int layer) {
   Context fixed;  // what does not run over positions: the held entries are not the prompt's
-  fixed.provide(inputs::out_proj, model.weights.layers[layer].wo);
+  const LayerWeights& lw = model.weights.layers[layer];
+  fixed.provide(inputs::out_proj, [&lw] { return dense_weight(lw.wo, lw.wo_s); });  // [hidden, Hq*d]
   fixed.provide(inputs::rope_inv_freq, model.layer_inv_freq(layer));  // for the stream (queries_at_newest)
   return fixed;
 }
@@ -139,7 +140,8 @@ std::vector<CompressedLayer> compress_branch(const Model& model, const Prefill& 
     context.provide(inputs::rope_inv_freq, model.inv_freq);
     if (prefill.question_start >= 0)
       context.provide(inputs::question_start, at::scalar_tensor(prefill.question_start, at::kLong));
-    context.provide(inputs::out_proj, model.weights.layers[l].wo);
+    const LayerWeights& lw = model.weights.layers[l];
+    context.provide(inputs::out_proj, [&lw] { return dense_weight(lw.wo, lw.wo_s); });  // [hidden, Hq*d]
     if (all_queries && prefill.q_obs[l].defined() && prefill.q_obs[l].size(1) == prefill.k[l].size(1))
       context.provide(inputs::attention_sums, [&prefill, l] { return prefill.attention_sums(l); }, 1);  // [Hq, n]
     if (rq.any())

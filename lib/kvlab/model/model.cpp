@@ -53,7 +53,19 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
 
+// The same for a projection held as stored (LayerWeights' *_s) when s is defined: up to
+// kStoredRowsMax rows (decoding, batched branches) through stored_linear, one block decoded at a
+// time; more (a prefill) through the matrix decoded once for the call and a GEMM.
+constexpr int64_t kStoredRowsMax = 64;
+at::Tensor project(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const StoredMatrix& s) {
+  if (!s.defined()) return project(x, w, b);
+  at::Tensor y = x.size(0) <= kStoredRowsMax ? stored_linear(x, s) : project(x, s.dequantize());  // [rows, out]
+  return b.defined() ? y.add_(b) : y;
+}
+
 }  // namespace
+
+at::Tensor dense_weight(const at::Tensor& w, const StoredMatrix& s) { return s.defined() ? s.dequantize() : w; }
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -77,7 +89,9 @@ at::Tensor forward_rows(const Model& model, const at::Tensor& ids, int64_t B, in
   at::Tensor cos_local, sin_local;                                       // [T, d] gemma3's sliding layers
   if (model.inv_freq_local.defined())
     std::tie(cos_local, sin_local) = rope_cos_sin(model.inv_freq_local, pos0, T, model.dtype);
-  at::Tensor x = at::embedding(model.weights.tok_embd, ids);             // [N, hidden]
+  const StoredMatrix& embd_s = model.weights.tok_embd_s;
+  at::Tensor x = embd_s.defined() ? embd_s.take_rows(ids).dequantize()                 // [N, hidden]
+                                  : at::embedding(model.weights.tok_embd, ids);
   if (cfg.embed_scaled)  // sqrt(hidden) rounded to float32, then to the model's dtype (as transformers)
     x = x * at::scalar_tensor(std::sqrt(double(cfg.hidden_size)), at::kFloat).to(x.scalar_type());
   const double q_scale = cfg.query_scale();
@@ -87,15 +101,15 @@ at::Tensor forward_rows(const Model& model, const at::Tensor& ids, int64_t B, in
     const LayerWeights& w = model.weights.layers[l];
     at::Tensor h = rms_norm(x, w.attn_norm, cfg.rms_norm_eps);               // [N, hidden]
     at::Tensor q, k, v;
-    if (opt.fused && w.wqkv.defined()) {
-      at::Tensor qkv = project(h, w.wqkv, w.bqkv);                            // [N, (Hq+2Hkv)*d]
+    if (opt.fused && (w.wqkv.defined() || w.wqkv_s.defined())) {
+      at::Tensor qkv = project(h, w.wqkv, w.bqkv, w.wqkv_s);                  // [N, (Hq+2Hkv)*d]
       q = qkv.narrow(1, 0, Hq * d).view({B, T, Hq, d}).transpose(1, 2);          // [B, Hq, T, d]
       k = qkv.narrow(1, Hq * d, Hkv * d).view({B, T, Hkv, d}).transpose(1, 2);   // [B, Hkv, T, d]
       v = qkv.narrow(1, (Hq + Hkv) * d, Hkv * d).view({B, T, Hkv, d}).transpose(1, 2);
     } else {
-      q = project(h, w.wq, w.bq).view({B, T, Hq, d}).transpose(1, 2);            // [B, Hq, T, d]
-      k = project(h, w.wk, w.bk).view({B, T, Hkv, d}).transpose(1, 2);           // [B, Hkv, T, d]
-      v = project(h, w.wv, w.bv).view({B, T, Hkv, d}).transpose(1, 2);           // [B, Hkv, T, d]
+      q = project(h, w.wq, w.bq, w.wq_s).view({B, T, Hq, d}).transpose(1, 2);    // [B, Hq, T, d]
+      k = project(h, w.wk, w.bk, w.wk_s).view({B, T, Hkv, d}).transpose(1, 2);   // [B, Hkv, T, d]
+      v = project(h, w.wv, w.bv, w.wv_s).view({B, T, Hkv, d}).transpose(1, 2);   // [B, Hkv, T, d]
     }
     if (w.q_norm.defined()) {  // qwen3, gemma3: RMSNorm over head_dim, each head and position
       q = rms_norm(q, w.q_norm, cfg.rms_norm_eps);  // [B, Hq, T, d]
@@ -114,26 +128,26 @@ at::Tensor forward_rows(const Model& model, const at::Tensor& ids, int64_t B, in
       outs.push_back(a.transpose(0, 1).reshape({T, Hq * d}));                      // [T, Hq*d]
     }
     at::Tensor a = B == 1 ? outs[0] : at::cat(outs, 0);              // [N, Hq*d]
-    at::Tensor o = project(a, w.wo, w.bo);                          // [N, hidden]
+    at::Tensor o = project(a, w.wo, w.bo, w.wo_s);                  // [N, hidden]
     if (w.attn_post_norm.defined()) o = rms_norm(o, w.attn_post_norm, cfg.rms_norm_eps);
     x = x + o;                                                      // [N, hidden]
     at::Tensor h2 = rms_norm(x, w.ffn_norm, cfg.rms_norm_eps);     // [N, hidden]
     at::Tensor g;                                                  // [N, inter]
-    if (opt.fused && w.w_gate_up.defined()) {
-      at::Tensor gu = project(h2, w.w_gate_up);                 // [N, 2*inter]
-      const int64_t inter = w.w_gate.size(0);
+    if (opt.fused && (w.w_gate_up.defined() || w.w_gate_up_s.defined())) {
+      at::Tensor gu = project(h2, w.w_gate_up, {}, w.w_gate_up_s);  // [N, 2*inter]
+      const int64_t inter = gu.size(1) / 2;
       g = activate(gu.narrow(1, 0, inter), gelu).mul_(gu.narrow(1, inter, inter));
     } else {
-      g = activate(project(h2, w.w_gate), gelu) * project(h2, w.w_up);
+      g = activate(project(h2, w.w_gate, {}, w.w_gate_s), gelu) * project(h2, w.w_up, {}, w.w_up_s);
     }
-    at::Tensor m = project(g, w.w_down);                        // [N, hidden]
+    at::Tensor m = project(g, w.w_down, {}, w.w_down_s);        // [N, hidden]
     if (w.ffn_post_norm.defined()) m = rms_norm(m, w.ffn_post_norm, cfg.rms_norm_eps);
     x = x + m;                                                  // [N, hidden]
   }
   if (!opt.logits) return at::Tensor();
   if (!opt.all_logits) x = x.view({B, T, x.size(1)}).select(1, T - 1);  // [B, hidden]
   x = rms_norm(x, model.weights.out_norm, cfg.rms_norm_eps);
-  at::Tensor logits = project(x, model.weights.lm_head);         // [B*T or B, vocab]
+  at::Tensor logits = project(x, model.weights.lm_head, {}, model.weights.lm_head_s);  // [B*T or B, vocab]
   return model.dtype == at::kDouble ? logits : logits.to(at::kFloat);
 }
 
@@ -195,13 +209,20 @@ std::vector<int64_t> generate_greedy(const Model& model, const std::vector<int64
 
 int64_t n_parameters(const Model& model) {
   const ModelWeights& w = model.weights;
-  int64_t n = w.tok_embd.numel() + w.out_norm.numel();
-  if (!w.lm_head.is_same(w.tok_embd)) n += w.lm_head.numel();
-  for (const auto& l : w.layers)
-    for (const at::Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo, &l.w_gate,
-                                &l.w_up, &l.w_down, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm,
+  // The same count however the weights are held (--weights stored or fp32).
+  auto count = [](const at::Tensor& t, const StoredMatrix& s) {
+    return t.defined() ? t.numel() : s.defined() ? s.rows * s.cols : int64_t(0);
+  };
+  int64_t n = count(w.tok_embd, w.tok_embd_s) + w.out_norm.numel();
+  const bool tied = w.lm_head.defined() ? w.lm_head.is_same(w.tok_embd) : w.lm_head_s.data.is_same(w.tok_embd_s.data);
+  if (!tied) n += count(w.lm_head, w.lm_head_s);
+  for (const auto& l : w.layers) {
+    for (const at::Tensor* t : {&l.bq, &l.bk, &l.bv, &l.bo, &l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm,
                                 &l.attn_post_norm, &l.ffn_post_norm})
       if (t->defined()) n += t->numel();
+    n += count(l.wq, l.wq_s) + count(l.wk, l.wk_s) + count(l.wv, l.wv_s) + count(l.wo, l.wo_s) +
+         count(l.w_gate, l.w_gate_s) + count(l.w_up, l.w_up_s) + count(l.w_down, l.w_down_s);
+  }
   return n;
 }
 

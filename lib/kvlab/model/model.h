@@ -24,6 +24,7 @@
 #include "kvlab/attention/backend.h"
 #include "kvlab/core/device.h"
 #include "kvlab/model/model_config.h"
+#include "kvlab/model/stored_matrix.h"
 
 #include <ATen/ATen.h>
 
@@ -57,6 +58,11 @@ struct LayerWeights {
   at::Tensor wqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim, hidden]
   at::Tensor bqkv;       // [(n_q_heads + 2 * n_kv_heads) * head_dim] or undefined
   at::Tensor w_gate_up;  // [2 * intermediate, hidden]
+  // Weights as stored (ModelLoadOptions::stored_weights, issue 51): a GGUF's projections kept as
+  // the file's blocks (model/stored_matrix.h) where they apply; the at::Tensor of each one held so
+  // is undefined. wq_s, wk_s, wv_s are row views into wqkv_s and w_gate_s, w_up_s into w_gate_up_s
+  // when the parts share a type (else the fused ones are undefined).
+  StoredMatrix wq_s, wk_s, wv_s, wo_s, w_gate_s, w_up_s, w_down_s, wqkv_s, w_gate_up_s;
 };
 
 struct ModelWeights {
@@ -65,7 +71,13 @@ struct ModelWeights {
   at::Tensor out_norm;               // [hidden]
   at::Tensor lm_head;                // [vocab, hidden]; the same tensor as tok_embd when tied
   at::Tensor rope_freqs;             // [head_dim / 2] GGUF llama3 frequency divisors, or undefined
+  // Weights as stored (see LayerWeights): the embedding and lm_head as the file's blocks (the same
+  // bytes when tied); tok_embd / lm_head then undefined.
+  StoredMatrix tok_embd_s, lm_head_s;
 };
+
+// A projection's fp32 matrix however it is held: w, or s decoded (criticalkv's W_o).
+at::Tensor dense_weight(const at::Tensor& w, const StoredMatrix& s);
 
 // How --model was resolved.
 struct ModelSource {
@@ -88,7 +100,13 @@ at::ScalarType parse_compute_dtype(const std::string& name, const std::string& f
 struct ModelLoadOptions {
   at::ScalarType dtype = at::kFloat;  // compute dtype; weights are converted on load
   at::Device device = at::kCPU;
+  // --weights stored: a GGUF's matrices kept as its blocks and multiplied as stored (issue 51;
+  // model/stored_matrix.h); fp32 compute on the CPU only. false (--weights fp32): dequantized at load.
+  bool stored_weights = false;
 };
+
+// "stored" | "fp32" -> ModelLoadOptions::stored_weights; the error names `flag`.
+bool parse_weights_flag(const std::string& value, const std::string& flag = "--weights");
 
 struct Model {
   std::string id;                // resolved spec, recorded in captures

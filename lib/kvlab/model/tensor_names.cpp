@@ -98,4 +98,17 @@ at::Tensor& layer_slot(LayerWeights& l, TensorRole role) {
   }
 }
 
+StoredMatrix& stored_slot(LayerWeights& l, TensorRole role) {
+  switch (role) {
+    case TensorRole::attn_q: return l.wq_s;
+    case TensorRole::attn_k: return l.wk_s;
+    case TensorRole::attn_v: return l.wv_s;
+    case TensorRole::attn_o: return l.wo_s;
+    case TensorRole::ffn_gate: return l.w_gate_s;
+    case TensorRole::ffn_up: return l.w_up_s;
+    case TensorRole::ffn_down: return l.w_down_s;
+    default: KVLAB_FAIL("tensor role {} is not a projection", int(role));
+  }
+}
+
 }  // namespace kvlab

@@ -45,5 +45,7 @@ std::string tensor_name(WeightFormat format, TensorRole role, int64_t layer, con
 bool layer_role_present(TensorRole role, const ModelConfig& c);
 // The LayerWeights field a per-layer role fills.
 at::Tensor& layer_slot(LayerWeights& l, TensorRole role);
+// The field a projection role fills when held as stored (--weights stored): attn_q/k/v/o, ffn_gate/up/down.
+StoredMatrix& stored_slot(LayerWeights& l, TensorRole role);
 
 }  // namespace kvlab

@@ -61,6 +61,27 @@ void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const std::st
 // One matrix for q/k/v and one for gate/up (forward() runs one GEMM each); the separate weights
 // become row views into them, so nothing is stored twice.
 void fuse_projections(LayerWeights& l) {
+  // Held as stored (--weights stored): fused where the parts share a type, the parts then views.
+  if (l.wq_s.defined() && l.wq_s.type == l.wk_s.type && l.wq_s.type == l.wv_s.type) {
+    const int64_t nq = l.wq_s.rows, nk = l.wk_s.rows, nv = l.wv_s.rows;
+    l.wqkv_s = stored_cat({&l.wq_s, &l.wk_s, &l.wv_s});
+    l.wq_s = l.wqkv_s.narrow_rows(0, nq);
+    l.wk_s = l.wqkv_s.narrow_rows(nq, nk);
+    l.wv_s = l.wqkv_s.narrow_rows(nq + nk, nv);
+    if (l.bq.defined()) {
+      l.bqkv = at::cat({l.bq, l.bk, l.bv}, 0);  // [nq + nk + nv]
+      l.bq = l.bqkv.narrow(0, 0, nq);
+      l.bk = l.bqkv.narrow(0, nq, nk);
+      l.bv = l.bqkv.narrow(0, nq + nk, nv);
+    }
+  }
+  if (l.w_gate_s.defined() && l.w_gate_s.type == l.w_up_s.type) {
+    const int64_t ni = l.w_gate_s.rows;
+    l.w_gate_up_s = stored_cat({&l.w_gate_s, &l.w_up_s});
+    l.w_gate_s = l.w_gate_up_s.narrow_rows(0, ni);
+    l.w_up_s = l.w_gate_up_s.narrow_rows(ni, l.w_up_s.rows);
+  }
+  if (!l.wq.defined() || !l.w_gate.defined()) return;
   const int64_t nq = l.wq.size(0), nk = l.wk.size(0), nv = l.wv.size(0), ni = l.w_gate.size(0);
   l.wqkv = at::cat({l.wq, l.wk, l.wv}, 0);  // [nq + nk + nv, hidden]
   l.wq = l.wqkv.narrow(0, 0, nq);
@@ -218,12 +239,20 @@ at::ScalarType parse_compute_dtype(const std::string& name, const std::string& f
 
 namespace {
 void check_dtype_device(const ModelLoadOptions& opt) {
+  KVLAB_CHECK(!opt.stored_weights || (opt.device.is_cpu() && opt.dtype == at::kFloat),
+              "--weights stored runs on the CPU in fp32 (its kernels decode blocks into fp32): give --weights fp32 "
+              "with --device cuda or --dtype bf16/fp16/fp64");
   // LibTorch 1.13's CPU matmul has no float16 kernel ("addmm_impl_cpu_ not implemented for Half").
   KVLAB_CHECK(!(opt.dtype == at::kHalf && opt.device.is_cpu()),
               "--dtype fp16 needs --device cuda (CPU matmuls have no float16 kernel); use bf16 or "
               "fp32 on CPU");
 }
 }  // namespace
+
+bool parse_weights_flag(const std::string& value, const std::string& flag) {
+  KVLAB_CHECK(value == "stored" || value == "fp32", "{} '{}': expected stored or fp32", flag, value);
+  return value == "stored";
+}
 
 Model load_model(const std::string& spec, const ModelLoadOptions& opt) { return load_model(resolve_model(spec), opt); }
 
@@ -257,6 +286,8 @@ void split_fused(LayerWeights& l, const ModelConfig& c, const at::Tensor& qkv, c
 
 Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   check_dtype_device(opt);
+  KVLAB_CHECK(!opt.stored_weights, "--weights stored needs a .gguf file (its blocks are what it keeps); {} is a "
+              "Hugging Face directory: give --weights fp32", src.path);
   c10::InferenceMode guard;
   Model m;
   m.id = src.spec;
@@ -300,6 +331,39 @@ Model load_model_hf(const ModelSource& src, const ModelLoadOptions& opt) {
   if (c.float_norm_scale) add_norm_offsets(w);
   finish_model(m, opt);
   return m;
+}
+
+// --weights stored: the row order gguf_unpermute_qk gives a [rows, cols] matrix of n_heads heads.
+at::Tensor unpermuted_rows(int64_t rows, int n_heads) {
+  const at::Tensor id = at::arange(rows, at::TensorOptions().dtype(at::kDouble)).unsqueeze(1);  // [rows, 1]
+  return gguf_unpermute_qk(id, n_heads).squeeze(1).to(at::kLong);                                 // [rows]
+}
+
+// --weights stored: layer l's projections (loaded and checked in fp32 first) replaced by the
+// file's blocks, where every part of a group applies (q, k, v; gate, up; o; down); the fp32 copies
+// are freed. Checks that the blocks decode to the fp32 weights kvlab checked.
+void store_layer(LayerWeights& l, const GgufFile& g, int64_t i, const ModelConfig& c, bool permuted) {
+  auto info = [&](TensorRole role) {
+    const GgufTensorInfo* t = g.find_tensor(tensor_name(WeightFormat::gguf, role, i, c));
+    return t && t->shape.size() == 2 && stored_applies(t->type, t->shape[1]) ? t : nullptr;
+  };
+  const std::vector<std::vector<TensorRole>> groups = {{TensorRole::attn_q, TensorRole::attn_k, TensorRole::attn_v},
+                                                       {TensorRole::attn_o},
+                                                       {TensorRole::ffn_gate, TensorRole::ffn_up},
+                                                       {TensorRole::ffn_down}};
+  for (const auto& group : groups) {
+    if (!std::all_of(group.begin(), group.end(), [&](TensorRole r) { return info(r) != nullptr; })) continue;
+    for (TensorRole role : group) {
+      StoredMatrix s = stored_matrix(*info(role));
+      if (permuted && role == TensorRole::attn_q) s = s.take_rows(unpermuted_rows(s.rows, int(c.n_q_heads)));
+      if (permuted && role == TensorRole::attn_k) s = s.take_rows(unpermuted_rows(s.rows, int(c.n_kv_heads)));
+      at::Tensor& dense = layer_slot(l, role);
+      KVLAB_CHECK(s.dequantize().equal(dense), "{}: {} decodes differently as stored", g.path(),
+                  tensor_name(WeightFormat::gguf, role, i, c));
+      dense = at::Tensor();
+      stored_slot(l, role) = std::move(s);
+    }
+  }
 }
 
 Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
@@ -355,6 +419,17 @@ Model load_model_gguf(const ModelSource& src, const ModelLoadOptions& opt) {
       if (l.bk.defined()) l.bk = gguf_unpermute_qk(l.bk, static_cast<int>(c.n_kv_heads));
     }
     check_layer(c, l, i, src.path);
+    if (opt.stored_weights && !fused) store_layer(l, g, i, c, permuted);
+  }
+  if (opt.stored_weights) {  // the embedding and lm_head too, where they apply
+    const GgufTensorInfo* e = g.find_tensor(tensor_name(gguf, TensorRole::tok_embd));
+    if (stored_applies(e->type, e->shape[1])) {
+      w.tok_embd_s = stored_matrix(*e);
+      if (c.tie_word_embeddings) w.lm_head_s = w.tok_embd_s, w.lm_head = at::Tensor();
+      w.tok_embd = at::Tensor();
+    }
+    const GgufTensorInfo* h = c.tie_word_embeddings ? nullptr : g.find_tensor(tensor_name(gguf, TensorRole::lm_head));
+    if (h && stored_applies(h->type, h->shape[1])) w.lm_head_s = stored_matrix(*h), w.lm_head = at::Tensor();
   }
   finish_model(m, opt);
   return m;
