@@ -114,6 +114,20 @@ __attribute__((target("avx2"))) inline void decode_q5_0_avx2(const uint8_t* b, f
   _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)), dv));
   _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), dv));
 }
+// Q8_0 likewise (Qwen's lm_head, 151,936 x 896, and SmolLM2's tied embedding): 32 int8 times d.
+__attribute__((target("avx2"))) inline void decode_q8_0_avx2(const uint8_t* b, float* y) {
+  const __m256 dv = _mm256_set1_ps(load_fp16(b));
+  const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+  const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18));
+  _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0)), dv));
+  _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8))), dv));
+  _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1)), dv));
+  _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8))), dv));
+}
+__attribute__((target("avx2,fma"))) void rows_q8_0_avx2(const StoredMatrix& w, const float* x, int64_t B, float* y,
+                                                       int64_t r0, int64_t r1) {
+  rows_kernel<32, decode_q8_0_avx2>(w, x, B, y, r0, r1);
+}
 __attribute__((target("avx2,fma"))) void rows_q5_0_avx2(const StoredMatrix& w, const float* x, int64_t B, float* y,
                                                        int64_t r0, int64_t r1) {
   rows_kernel<32, decode_q5_0_avx2>(w, x, B, y, r0, r1);
@@ -149,7 +163,11 @@ RowsFn rows_fn(GgmlType t) {
 #endif
       return rows_q5_0;
     case GgmlType::Q5_1: return rows_q5_1;
-    case GgmlType::Q8_0: return rows_q8_0;
+    case GgmlType::Q8_0:
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (__builtin_cpu_supports("avx2")) return rows_q8_0_avx2;
+#endif
+      return rows_q8_0;
     case GgmlType::Q2_K: return rows_q2_k;
     case GgmlType::Q3_K: return rows_q3_k;
     case GgmlType::Q4_K: return rows_q4_k;
