@@ -240,18 +240,18 @@ StoredMatrix stored_cat(const std::vector<const StoredMatrix*>& parts) {
 }
 
 at::Tensor StoredMatrix::dequantize() const {
-  at::Tensor out = at::empty({rows, cols}, at::TensorOptions().dtype(at::kFloat));  // [rows, cols]
-  if (type == GgmlType::F16 || type == GgmlType::BF16) {
-    at::Tensor raw = data.view(type == GgmlType::F16 ? at::kHalf : at::kBFloat16).view({rows, cols});
-    return raw.to(at::kFloat);
-  }
-  const BlockFn fn = block_dequantizer(type);
-  KVLAB_CHECK(fn, "StoredMatrix: no decoder for {}", ggml_type_name(type));
-  const uint8_t* src = data.data_ptr<uint8_t>();
-  float* y = out.data_ptr<float>();
-  const int64_t n_blocks = rows * cols / block_elems;
-  for (int64_t b = 0; b < n_blocks; ++b) fn(src + b * block_bytes, y + b * block_elems);
-  return out;
+  // The loader's own dequantization (gguf.cpp: the F16/BF16 copy, the block decoders over the threads)
+  // on a view of these bytes, which are laid out as the file's.
+  const at::Tensor bytes = data.contiguous();
+  GgufTensorInfo view;
+  view.name = "stored matrix";
+  view.type = type;
+  view.shape = {rows, cols};
+  view.ne = {cols, rows};
+  view.numel = rows * cols;
+  view.nbytes = static_cast<size_t>(nbytes());
+  view.data = bytes.data_ptr<uint8_t>();
+  return gguf_dequantize(view);  // [rows, cols] float32
 }
 
 at::Tensor stored_linear(const at::Tensor& x, const StoredMatrix& w) {
